@@ -1,0 +1,102 @@
+"""Writes for organizations, memberships, tokens and worker identities."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from apps.accounts.models import ApiToken, Membership, Organization, Role, WorkerIdentity
+
+TOKEN_SCHEME = "syn"
+# last_used_at is refreshed at most this often, so that reads do not turn into writes.
+LAST_USED_GRANULARITY = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    token: ApiToken
+    secret: str  # the full bearer string; shown once, never stored
+
+
+def token_hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _new_secret() -> tuple[str, str]:
+    prefix = secrets.token_hex(6)  # 12 hex chars, the lookup key
+    return prefix, f"{TOKEN_SCHEME}_{prefix}_{secrets.token_urlsafe(32)}"
+
+
+def org_get_or_create(*, slug: str, name: str = "") -> Organization:
+    org, _ = Organization.objects.get_or_create(slug=slug, defaults={"name": name or slug})
+    return org
+
+
+@transaction.atomic
+def membership_set(*, org: Organization, username: str, role: str = Role.OPERATOR) -> Membership:
+    user, _ = get_user_model().objects.get_or_create(username=username)
+    membership, _ = Membership.objects.update_or_create(org=org, user=user, defaults={"role": role})
+    return membership
+
+
+def token_issue(
+    *,
+    org: Organization,
+    user: AbstractBaseUser,
+    name: str = "",
+    expires_at: datetime | None = None,
+) -> IssuedToken:
+    if not Membership.objects.filter(org=org, user=user).exists():
+        raise ValueError(f"{user} is not a member of {org.slug}")
+    prefix, secret = _new_secret()
+    token = ApiToken.objects.create(
+        org=org, user=user, name=name, prefix=prefix, token_hash=token_hash(secret), expires_at=expires_at
+    )
+    return IssuedToken(token=token, secret=secret)
+
+
+def worker_token_issue(*, worker: WorkerIdentity, name: str = "", expires_at: datetime | None = None) -> IssuedToken:
+    prefix, secret = _new_secret()
+    token = ApiToken.objects.create(
+        worker=worker, org=worker.org, name=name, prefix=prefix, token_hash=token_hash(secret), expires_at=expires_at
+    )
+    return IssuedToken(token=token, secret=secret)
+
+
+def worker_get_or_create(*, name: str, org: Organization | None = None) -> WorkerIdentity:
+    worker, _ = WorkerIdentity.objects.get_or_create(name=name, defaults={"org": org})
+    return worker
+
+
+def token_revoke(*, token: ApiToken) -> None:
+    ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+def token_verify(*, secret: str) -> ApiToken | None:
+    """The live token for a bearer string, or None (unknown, wrong, expired, revoked)."""
+    parts = secret.split("_")
+    if len(parts) != 3 or parts[0] != TOKEN_SCHEME:
+        return None
+    token = (
+        ApiToken.objects.select_related("org", "user", "worker")
+        .filter(prefix=parts[1])
+        .first()
+    )
+    # Compare in constant time even though the prefix matched, so timing tells nothing.
+    if token is None or not hmac.compare_digest(token.token_hash, token_hash(secret)):
+        return None
+    now = timezone.now()
+    if token.revoked_at is not None or (token.expires_at is not None and token.expires_at <= now):
+        return None
+    if token.worker is not None and token.worker.disabled_at is not None:
+        return None
+    if token.last_used_at is None or now - token.last_used_at > LAST_USED_GRANULARITY:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    return token

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ProxyConfig(AppConfig):
+    name = "apps.proxy"
+    label = "proxy"

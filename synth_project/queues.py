@@ -1,0 +1,26 @@
+"""Celery queues, one per resource class, and the routing table in one place.
+
+Import-light on purpose: settings, workers and deploy scripts read it. Each worker
+consumes one queue (`celery -A synth_project worker -Q trials`) so that each class
+scales and is configured on its own (concurrency, prefetch, time limits).
+"""
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Queue(StrEnum):
+    CONTROL = "control"  # admission, scheduling, transitions, the lease reaper: short, DB-bound
+    TRIALS = "trials"  # one sandboxed attempt per task: long, CPU/memory-bound
+    TRAINING = "training"  # forward/backward, optimizer step, checkpoint save: ordered per trainer
+    EVIDENCE = "evidence"  # publication of captured interactions and artifacts: IO-bound
+
+
+# Task name prefix -> queue. Task names are explicit (`<app>.<verb>`), never module paths.
+TASK_ROUTES = {
+    "runs.*": {"queue": Queue.CONTROL.value},
+    "datasets.*": {"queue": Queue.CONTROL.value},
+    "trials.*": {"queue": Queue.TRIALS.value},
+    "training.*": {"queue": Queue.TRAINING.value},
+    "evidence.*": {"queue": Queue.EVIDENCE.value},
+}

@@ -1,0 +1,229 @@
+"""Settings for Synth, read from the environment (12-factor).
+
+With nothing set, the embedded default works on one machine: SQLite under var/,
+Celery's filesystem broker and a filesystem object store. PostgreSQL, Redis and S3
+are switched on by variables only (DATABASE_URL, CELERY_BROKER_URL, SYNTH_OBJECT_STORE).
+"""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("SYNTH_VAR_DIR", BASE_DIR / "var")).resolve()
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ImproperlyConfigured(f"{name} must be a boolean (true/false), got {raw!r}")
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from exc
+
+
+def env_secret(name: str, default: str | None = None) -> str | None:
+    """A secret from NAME, or from the file named by NAME_FILE (container secrets)."""
+    path = os.environ.get(f"{name}_FILE")
+    if path:
+        return Path(path).read_text().strip()
+    return os.environ.get(name, default)
+
+
+# GENERAL
+# ------------------------------------------------------------------------------
+DEBUG = env_bool("SYNTH_DEBUG", False)
+SECRET_KEY = env_secret("SECRET_KEY")
+if not SECRET_KEY:
+    # The embedded default keeps a per-machine key under var/ so signed grants survive restarts.
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    key_file = VAR_DIR / "secret_key"
+    if not key_file.exists():
+        import secrets
+
+        key_file.write_text(secrets.token_urlsafe(50))
+        key_file.chmod(0o600)
+    SECRET_KEY = key_file.read_text().strip()
+ALLOWED_HOSTS = [h for h in os.environ.get("SYNTH_ALLOWED_HOSTS", "*").split(",") if h]
+# Public base URL of the gateway, used in grants (presigned URLs of the filesystem store).
+SYNTH_PUBLIC_URL = os.environ.get("SYNTH_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "apps.core",
+    "apps.accounts",
+    "apps.objects",
+    "apps.datasets",
+    "apps.profiles",
+    "apps.runs",
+    "apps.proxy",
+    "apps.training",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "synth_project.urls"
+WSGI_APPLICATION = "synth_project.wsgi.application"
+ASGI_APPLICATION = "synth_project.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+# DATABASE
+# ------------------------------------------------------------------------------
+DATABASES = {
+    "default": dj_database_url.parse(
+        os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'synth.sqlite3'}",
+        conn_max_age=env_int("SYNTH_DB_CONN_MAX_AGE", 0),
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # SQLite serves the embedded default: one writer at a time, so wait for the lock
+    # rather than fail, and use WAL so that readers (event followers) never block writers.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+# OBJECT STORE
+# ------------------------------------------------------------------------------
+# file:///abs/path (default: var/objects) or s3://bucket[/prefix]. The S3 endpoint and
+# credentials come from the usual AWS variables plus SYNTH_S3_ENDPOINT_URL.
+SYNTH_OBJECT_STORE = os.environ.get("SYNTH_OBJECT_STORE") or f"file://{VAR_DIR / 'objects'}"
+SYNTH_S3_ENDPOINT_URL = os.environ.get("SYNTH_S3_ENDPOINT_URL") or None
+SYNTH_S3_REGION = os.environ.get("SYNTH_S3_REGION", "us-east-1")
+SYNTH_GRANT_TTL_SECONDS = env_int("SYNTH_GRANT_TTL_SECONDS", 900)
+
+# REST FRAMEWORK
+# ------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["apps.accounts.authentication.BearerTokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["apps.accounts.permissions.IsMember"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "apps.core.errors.exception_handler",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser", "rest_framework.parsers.MultiPartParser"],
+    "UNAUTHENTICATED_USER": None,
+    "PAGE_SIZE": 50,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Synth API",
+    "DESCRIPTION": "Run, evaluate and train tool-using coding agents.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+# Uploads of task archives are bounded; bigger datasets are imported as several versions.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("SYNTH_MAX_UPLOAD_BYTES", 256 * 1024 * 1024)
+FILE_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
+
+# CELERY
+# ------------------------------------------------------------------------------
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or "filesystem://"
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    _broker_dir = VAR_DIR / "broker"
+    for sub in ("out", "processed"):
+        (_broker_dir / sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "out"),
+        "data_folder_out": str(_broker_dir / "out"),
+        "processed_folder": str(_broker_dir / "processed"),
+        "store_processed": False,
+    }
+else:
+    # Longer than the longest acks_late task (a training step), or Redis redelivers it.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("SYNTH_VISIBILITY_TIMEOUT", 4 * 3600)}
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_TIMEZONE = "UTC"
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_TASK_SOFT_TIME_LIMIT = 60
+CELERY_TASK_TIME_LIMIT = 90
+CELERY_TASK_ALWAYS_EAGER = env_bool("SYNTH_CELERY_EAGER", False)
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "reap-lapsed-leases": {
+        "task": "runs.lease_reap",
+        "schedule": timedelta(seconds=env_int("SYNTH_REAPER_INTERVAL", 15)),
+        "options": {"queue": "control"},
+    },
+}
+
+# LEASES
+# ------------------------------------------------------------------------------
+SYNTH_LEASE_TTL_SECONDS = env_int("SYNTH_LEASE_TTL_SECONDS", 60)
+
+# LOGGING
+# ------------------------------------------------------------------------------
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("SYNTH_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,15 @@
+"""Settings for the test suite: PostgreSQL and Redis by default (the real services).
+
+Override with DATABASE_URL / CELERY_BROKER_URL; the embedded default (SQLite) has its
+own test, which starts the stack with no variables at all.
+"""
+import os
+import tempfile
+
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/synth")
+os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
+os.environ.setdefault("SYNTH_VAR_DIR", tempfile.mkdtemp(prefix="synth-test-var-"))
+
+from synth_project.settings import *  # noqa: E402,F403
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
