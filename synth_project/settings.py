@@ -227,3 +227,21 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("SYNTH_LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+# TRIALS WORKER
+# ------------------------------------------------------------------------------
+# This host's budget for admission; each trials worker process pool shares it.
+SYNTH_WORKER_NAME = os.environ.get("SYNTH_WORKER_NAME") or os.uname().nodename
+SYNTH_WORKER_SLOTS = env_int("SYNTH_WORKER_SLOTS", 4)
+SYNTH_WORKER_CPUS = float(os.environ.get("SYNTH_WORKER_CPUS") or os.cpu_count() or 1)
+SYNTH_WORKER_MEMORY_MB = env_int(
+    "SYNTH_WORKER_MEMORY_MB", int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20 * 0.75)
+)
+SYNTH_WORKER_STORAGE_MB = env_int("SYNTH_WORKER_STORAGE_MB", 50 * 1024)
+# Where trials unpack tasks and keep their sandboxes while they run (removed after).
+SYNTH_WORK_DIR = Path(os.environ.get("SYNTH_WORK_DIR") or VAR_DIR / "work")
+# Harbor environment used when a plan does not name one: the local bubblewrap sandbox.
+SYNTH_DEFAULT_ENVIRONMENT = os.environ.get(
+    "SYNTH_DEFAULT_ENVIRONMENT", "apps.runs.sandbox.environment:LocalSandboxEnvironment"
+)
+SYNTH_ARTIFACT_MAX_BYTES = env_int("SYNTH_ARTIFACT_MAX_BYTES", 64 * 1024 * 1024)

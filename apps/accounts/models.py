@@ -9,7 +9,11 @@ from apps.core.ids import PrefixedIdField
 
 class Organization(models.Model):
     id = PrefixedIdField(prefix="org")
-    slug = models.SlugField(max_length=64, unique=True, help_text="Used in references such as team/dataset@v1.")
+    slug = models.SlugField(
+        max_length=64,
+        unique=True,
+        help_text="Used in references such as team/dataset@v1.",
+    )
     name = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -24,13 +28,21 @@ class Role(models.TextChoices):
 
 
 class Membership(models.Model):
-    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="memberships")
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    org = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, related_name="memberships"
+    )
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.OPERATOR)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["org", "user"], name="membership_unique_org_user")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["org", "user"], name="membership_unique_org_user"
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.user} in {self.org} ({self.role})"
@@ -45,7 +57,13 @@ class WorkerIdentity(models.Model):
 
     id = PrefixedIdField(prefix="wrk")
     name = models.CharField(max_length=100, unique=True)
-    org = models.ForeignKey(Organization, null=True, blank=True, on_delete=models.CASCADE, related_name="workers")
+    org = models.ForeignKey(
+        Organization,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="workers",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     disabled_at = models.DateTimeField(null=True, blank=True)
 
@@ -65,11 +83,27 @@ class ApiToken(models.Model):
     """
 
     id = PrefixedIdField(prefix="tok")
-    org = models.ForeignKey(Organization, null=True, blank=True, on_delete=models.CASCADE, related_name="tokens")
-    user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="api_tokens"
+    org = models.ForeignKey(
+        Organization,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="tokens",
     )
-    worker = models.ForeignKey(WorkerIdentity, null=True, blank=True, on_delete=models.CASCADE, related_name="tokens")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="api_tokens",
+    )
+    worker = models.ForeignKey(
+        WorkerIdentity,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="tokens",
+    )
     name = models.CharField(max_length=100, blank=True)
     prefix = models.CharField(max_length=16, unique=True)
     token_hash = models.CharField(max_length=64)
@@ -81,7 +115,9 @@ class ApiToken(models.Model):
     class Meta:
         constraints = [
             models.CheckConstraint(
-                condition=(Q(user__isnull=False, org__isnull=False, worker__isnull=True))
+                condition=(
+                    Q(user__isnull=False, org__isnull=False, worker__isnull=True)
+                )
                 | Q(user__isnull=True, worker__isnull=False),
                 name="apitoken_user_xor_worker",
             )

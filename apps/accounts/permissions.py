@@ -1,4 +1,5 @@
 """Who may do what. Members read; operators and admins write; workers only claim and report."""
+
 from __future__ import annotations
 
 from rest_framework.permissions import SAFE_METHODS, BasePermission

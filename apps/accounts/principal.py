@@ -1,4 +1,5 @@
 """Who is calling: the object set as `request.auth` by bearer authentication."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

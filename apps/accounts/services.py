@@ -1,4 +1,5 @@
 """Writes for organizations, memberships, tokens and worker identities."""
+
 from __future__ import annotations
 
 import hashlib
@@ -12,7 +13,13 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
-from apps.accounts.models import ApiToken, Membership, Organization, Role, WorkerIdentity
+from apps.accounts.models import (
+    ApiToken,
+    Membership,
+    Organization,
+    Role,
+    WorkerIdentity,
+)
 
 TOKEN_SCHEME = "syn"
 # last_used_at is refreshed at most this often, so that reads do not turn into writes.
@@ -35,14 +42,20 @@ def _new_secret() -> tuple[str, str]:
 
 
 def org_get_or_create(*, slug: str, name: str = "") -> Organization:
-    org, _ = Organization.objects.get_or_create(slug=slug, defaults={"name": name or slug})
+    org, _ = Organization.objects.get_or_create(
+        slug=slug, defaults={"name": name or slug}
+    )
     return org
 
 
 @transaction.atomic
-def membership_set(*, org: Organization, username: str, role: str = Role.OPERATOR) -> Membership:
+def membership_set(
+    *, org: Organization, username: str, role: str = Role.OPERATOR
+) -> Membership:
     user, _ = get_user_model().objects.get_or_create(username=username)
-    membership, _ = Membership.objects.update_or_create(org=org, user=user, defaults={"role": role})
+    membership, _ = Membership.objects.update_or_create(
+        org=org, user=user, defaults={"role": role}
+    )
     return membership
 
 
@@ -57,31 +70,47 @@ def token_issue(
         raise ValueError(f"{user} is not a member of {org.slug}")
     prefix, secret = _new_secret()
     token = ApiToken.objects.create(
-        org=org, user=user, name=name, prefix=prefix, token_hash=token_hash(secret), expires_at=expires_at
+        org=org,
+        user=user,
+        name=name,
+        prefix=prefix,
+        token_hash=token_hash(secret),
+        expires_at=expires_at,
     )
     return IssuedToken(token=token, secret=secret)
 
 
-def worker_token_issue(*, worker: WorkerIdentity, name: str = "", expires_at: datetime | None = None) -> IssuedToken:
+def worker_token_issue(
+    *, worker: WorkerIdentity, name: str = "", expires_at: datetime | None = None
+) -> IssuedToken:
     prefix, secret = _new_secret()
     token = ApiToken.objects.create(
-        worker=worker, org=worker.org, name=name, prefix=prefix, token_hash=token_hash(secret), expires_at=expires_at
+        worker=worker,
+        org=worker.org,
+        name=name,
+        prefix=prefix,
+        token_hash=token_hash(secret),
+        expires_at=expires_at,
     )
     return IssuedToken(token=token, secret=secret)
 
 
-def worker_get_or_create(*, name: str, org: Organization | None = None) -> WorkerIdentity:
+def worker_get_or_create(
+    *, name: str, org: Organization | None = None
+) -> WorkerIdentity:
     worker, _ = WorkerIdentity.objects.get_or_create(name=name, defaults={"org": org})
     return worker
 
 
 def token_revoke(*, token: ApiToken) -> None:
-    ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
 
 
 def token_verify(*, secret: str) -> ApiToken | None:
     """The live token for a bearer string, or None (unknown, wrong, expired, revoked)."""
-    parts = secret.split("_")
+    parts = secret.split("_", 2)
     if len(parts) != 3 or parts[0] != TOKEN_SCHEME:
         return None
     token = (
@@ -93,7 +122,9 @@ def token_verify(*, secret: str) -> ApiToken | None:
     if token is None or not hmac.compare_digest(token.token_hash, token_hash(secret)):
         return None
     now = timezone.now()
-    if token.revoked_at is not None or (token.expires_at is not None and token.expires_at <= now):
+    if token.revoked_at is not None or (
+        token.expires_at is not None and token.expires_at <= now
+    ):
         return None
     if token.worker is not None and token.worker.disabled_at is not None:
         return None

@@ -5,6 +5,7 @@ Definition: UTF-8; object keys sorted by code point; no insignificant whitespace
 floats must be finite; integers written in decimal. Two documents that are equal as
 JSON values have identical canonical bytes, so sha256(canonical) identifies a value.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -14,7 +15,11 @@ from typing import Any
 
 def canonical_bytes(value: Any) -> bytes:
     return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        value,
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
     ).encode("utf-8")
 
 

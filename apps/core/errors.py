@@ -1,4 +1,5 @@
 """One error shape for the control API: {"error": {"type", "message", "field"}}."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -62,7 +63,9 @@ _TYPES = {
 }
 
 
-def error_body(*, error_type: str, message: str, field: str | None = None) -> dict[str, Any]:
+def error_body(
+    *, error_type: str, message: str, field: str | None = None
+) -> dict[str, Any]:
     return {"error": {"type": error_type, "message": message, "field": field}}
 
 

@@ -3,6 +3,7 @@
 Time-ordered so that sorting by id follows creation order (cursor paging, admin);
 80 random bits so that ids are unguessable enough not to leak tenants' volume.
 """
+
 from __future__ import annotations
 
 import secrets

@@ -4,6 +4,7 @@ A migration operation that installs triggers refusing UPDATE (and on PostgreSQL 
 DELETE; TRUNCATE, used by test flushes and deliberate purges, is not affected) so that
 no code path, bulk update or admin can change a record that others pinned by digest.
 """
+
 from __future__ import annotations
 
 from django.db import migrations
@@ -23,7 +24,10 @@ def _sql(vendor: str, table: str) -> tuple[list[str], list[str]]:
             """,
             f"CREATE TRIGGER {name} BEFORE UPDATE OR DELETE ON {table} FOR EACH ROW EXECUTE FUNCTION {name}();",
         ]
-        backward = [f"DROP TRIGGER IF EXISTS {name} ON {table};", f"DROP FUNCTION IF EXISTS {name}();"]
+        backward = [
+            f"DROP TRIGGER IF EXISTS {name} ON {table};",
+            f"DROP FUNCTION IF EXISTS {name}();",
+        ]
         return forward, backward
     if vendor == "sqlite":
         forward = [

@@ -1,4 +1,5 @@
 """Cursor paging for every list: `?cursor=` in, `next` out, stable under inserts."""
+
 from __future__ import annotations
 
 from rest_framework.pagination import CursorPagination

@@ -33,7 +33,11 @@ class StoredObject(models.Model):
 
 
 class UploadGrant(models.Model):
-    """Permission to upload one object of a declared digest and size, until it expires."""
+    """Permission to upload one object of a declared digest and size, until it expires.
+
+    The grant is also the proof that its org holds the bytes: a commit only counts bytes
+    uploaded under this grant, never an object some other upload stored under the key.
+    """
 
     id = PrefixedIdField(prefix="upg")
     org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="upload_grants")
@@ -42,4 +46,14 @@ class UploadGrant(models.Model):
     content_type = models.CharField(max_length=100, default="application/octet-stream")
     created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField()
+    # Set by our own upload endpoint (filesystem store) once it received verified bytes;
+    # S3 uploads bypass us, so there the commit finds them in the bucket instead.
+    uploaded_at = models.DateTimeField(null=True, blank=True)
     committed_at = models.DateTimeField(null=True, blank=True)
+
+    @property
+    def key(self) -> str:
+        return f"sha256/{self.sha256}"
+
+    def __str__(self) -> str:
+        return f"{self.id} for {self.key} ({self.size} B)"

@@ -32,7 +32,9 @@ class ProfileVersion(models.Model):
     version = models.PositiveIntegerField()
     canonical = models.BinaryField()
     digest = models.CharField(max_length=64)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    # PROTECT, not SET_NULL: nulling the author is an UPDATE, which the trigger refuses, so
+    # deleting a user who published would fail deep in a cascade. Deactivate such users.
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.PROTECT, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

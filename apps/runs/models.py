@@ -48,7 +48,10 @@ class Run(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["org", "idempotency_key"], name="run_unique_idempotency_key"),
         ]
-        indexes = [models.Index(fields=["org", "status"]), models.Index(fields=["status", "id"])]
+        indexes = [
+            models.Index(fields=["org", "status"]),
+            models.Index(fields=["status", "id"]),
+        ]
 
     @property
     def is_terminal(self) -> bool:
@@ -71,7 +74,11 @@ class RunSpec(models.Model):
     actor_version = models.ForeignKey("profiles.ProfileVersion", on_delete=models.PROTECT, related_name="+")
     actor_digest = models.CharField(max_length=64)
     judge_version = models.ForeignKey(
-        "profiles.ProfileVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+        "profiles.ProfileVersion",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
     )
     judge_digest = models.CharField(max_length=64, blank=True)
     model_binding = models.JSONField(help_text="the actor's model binding (route or checkpoint)")
@@ -130,7 +137,9 @@ class Lease(models.Model):
             models.UniqueConstraint(fields=["run", "unit", "fence"], name="lease_unique_fence"),
             # At most one active lease per unit, enforced by the database, not by care.
             models.UniqueConstraint(
-                fields=["run", "unit"], condition=Q(status="active"), name="lease_one_active_per_unit"
+                fields=["run", "unit"],
+                condition=Q(status="active"),
+                name="lease_one_active_per_unit",
             ),
         ]
         indexes = [models.Index(fields=["status", "expires_at"])]
@@ -148,3 +157,146 @@ class LeaseWrite(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["lease", "local_seq"], name="leasewrite_unique_seq")]
+
+
+# --------------------------------------------------------------------------- execution
+
+
+class GroupStatus(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    SETTLED = "settled"  # every trial ended (assessed, failed, lost or cancelled)
+
+
+class SamplingGroup(models.Model):
+    """One task version x the run's pinned recipe x N attempts x one sampler snapshot.
+
+    Evaluation, training and unscored execution all run groups; they differ only in what
+    happens after assessment. `sampler` is the model binding the group's attempts use
+    (a route, or a checkpoint for training runs), fixed when the group is made.
+    """
+
+    id = PrefixedIdField(prefix="grp")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="groups")
+    step = models.PositiveIntegerField(default=0, help_text="training step (batch) the group belongs to")
+    position = models.PositiveIntegerField(help_text="the task's position in the dataset version")
+    task_version = models.ForeignKey("datasets.TaskVersion", on_delete=models.PROTECT, related_name="+")
+    attempts = models.PositiveIntegerField()
+    sampler = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=GroupStatus.choices, default=GroupStatus.PENDING)
+    summary = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    settled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "step", "position"], name="group_unique_position")]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class TrialStatus(models.TextChoices):
+    PENDING = "pending"  # enqueued
+    WAITING = "waiting"  # holds a lease, waiting for resources on its worker
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"  # ran to the end; rewards recorded (or none for execute runs)
+    FAILED = "failed"  # ended in an error (exception type and message recorded)
+    CANCELLED = "cancelled"
+    LOST = "lost"  # its worker vanished and the plan said not to retry
+
+
+TRIAL_TERMINAL = frozenset({TrialStatus.SUCCEEDED, TrialStatus.FAILED, TrialStatus.CANCELLED, TrialStatus.LOST})
+
+
+class Trial(models.Model):
+    """One sandboxed attempt. Its id is the correlation id carried into its bindings,
+    events and model calls."""
+
+    id = PrefixedIdField(prefix="trl")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="trials")
+    group = models.ForeignKey(SamplingGroup, on_delete=models.CASCADE, related_name="trials")
+    attempt = models.PositiveIntegerField()
+    task_version = models.ForeignKey("datasets.TaskVersion", on_delete=models.PROTECT, related_name="+")
+    status = models.CharField(max_length=16, choices=TrialStatus.choices, default=TrialStatus.PENDING)
+    tries = models.PositiveIntegerField(default=0, help_text="how many times a worker started it")
+    rewards = models.JSONField(null=True, blank=True)
+    reward = models.FloatField(null=True, blank=True, help_text='rewards["reward"], or the mean of the rewards')
+    error_type = models.CharField(max_length=200, blank=True)
+    error_message = models.TextField(blank=True)
+    timings = models.JSONField(default=dict, blank=True)
+    need = models.JSONField(default=dict, blank=True, help_text="cpus, memory_mb, storage_mb reserved")
+    worker_node = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    queued_at = models.DateTimeField(null=True, blank=True, help_text="handed to the trials queue")
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["group", "attempt"], name="trial_unique_attempt")]
+        indexes = [models.Index(fields=["run", "status"])]
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TRIAL_TERMINAL
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class Artifact(models.Model):
+    """A file a trial produced (logs, transcript, verifier output, required outputs),
+    stored content-addressed in the object store."""
+
+    id = PrefixedIdField(prefix="art")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="artifacts")
+    trial = models.ForeignKey(Trial, null=True, blank=True, on_delete=models.CASCADE, related_name="artifacts")
+    name = models.CharField(max_length=500, help_text="path relative to the trial, e.g. agent/claude-code.jsonl")
+    kind = models.CharField(max_length=32, default="log")
+    object = models.ForeignKey("objects.StoredObject", on_delete=models.PROTECT, related_name="+")
+    sha256 = models.CharField(max_length=64)
+    size = models.BigIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["trial", "name"], name="artifact_unique_name")]
+
+    def __str__(self) -> str:
+        return f"{self.trial_id}:{self.name}"
+
+
+class WorkerNode(models.Model):
+    """A trials worker host and its resource budget; admission reserves against it."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    slots = models.PositiveIntegerField()
+    cpus = models.FloatField()
+    memory_mb = models.PositiveIntegerField()
+    storage_mb = models.PositiveIntegerField()
+    seen_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ReservationStatus(models.TextChoices):
+    WAITING = "waiting"
+    HELD = "held"
+    RELEASED = "released"
+
+
+class Reservation(models.Model):
+    """A trial's claim on a worker's budget. Waiting reservations are granted in arrival
+    order (the id) among those that fit; see `admission_try`."""
+
+    node = models.ForeignKey(WorkerNode, on_delete=models.CASCADE, related_name="reservations")
+    trial = models.ForeignKey(Trial, on_delete=models.CASCADE, related_name="reservations")
+    cpus = models.FloatField()
+    memory_mb = models.PositiveIntegerField()
+    storage_mb = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=ReservationStatus.choices, default=ReservationStatus.WAITING)
+    created_at = models.DateTimeField(auto_now_add=True)
+    granted_at = models.DateTimeField(null=True, blank=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["node", "status"])]

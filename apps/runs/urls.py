@@ -1,3 +1,31 @@
-from django.urls import path  # noqa: F401
+from django.urls import path
 
-urlpatterns: list = []
+from apps.runs import apis
+
+urlpatterns = [
+    path("runs", apis.RunListCreateApi.as_view(), name="runs"),
+    path("runs/<str:run_id>", apis.RunDetailApi.as_view(), name="run-detail"),
+    path("runs/<str:run_id>/cancel", apis.RunCancelApi.as_view(), name="run-cancel"),
+    path("runs/<str:run_id>/events", apis.RunEventsApi.as_view(), name="run-events"),
+    path("worker/claims", apis.WorkerClaimApi.as_view(), name="worker-claim"),
+    path(
+        "worker/leases/<str:lease_id>/heartbeat",
+        apis.WorkerHeartbeatApi.as_view(),
+        name="worker-heartbeat",
+    ),
+    path(
+        "worker/leases/<str:lease_id>/events",
+        apis.WorkerReportApi.as_view(),
+        name="worker-report",
+    ),
+    path(
+        "worker/leases/<str:lease_id>/complete",
+        apis.WorkerCompleteApi.as_view(),
+        name="worker-complete",
+    ),
+    path(
+        "worker/leases/<str:lease_id>/release",
+        apis.WorkerReleaseApi.as_view(),
+        name="worker-release",
+    ),
+]

@@ -7,7 +7,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -16,57 +15,165 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='Organization',
+            name="Organization",
             fields=[
-                ('id', apps.core.ids.PrefixedIdField(max_length=40, prefix='org', serialize=False)),
-                ('slug', models.SlugField(help_text='Used in references such as team/dataset@v1.', max_length=64, unique=True)),
-                ('name', models.CharField(blank=True, max_length=200)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    apps.core.ids.PrefixedIdField(
+                        max_length=40, prefix="org", serialize=False
+                    ),
+                ),
+                (
+                    "slug",
+                    models.SlugField(
+                        help_text="Used in references such as team/dataset@v1.",
+                        max_length=64,
+                        unique=True,
+                    ),
+                ),
+                ("name", models.CharField(blank=True, max_length=200)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
         ),
         migrations.CreateModel(
-            name='WorkerIdentity',
+            name="WorkerIdentity",
             fields=[
-                ('id', apps.core.ids.PrefixedIdField(max_length=40, prefix='wrk', serialize=False)),
-                ('name', models.CharField(max_length=100, unique=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('disabled_at', models.DateTimeField(blank=True, null=True)),
-                ('org', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='workers', to='accounts.organization')),
+                (
+                    "id",
+                    apps.core.ids.PrefixedIdField(
+                        max_length=40, prefix="wrk", serialize=False
+                    ),
+                ),
+                ("name", models.CharField(max_length=100, unique=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("disabled_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "org",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="workers",
+                        to="accounts.organization",
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'worker identities',
+                "verbose_name_plural": "worker identities",
             },
         ),
         migrations.CreateModel(
-            name='Membership',
+            name="Membership",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('role', models.CharField(choices=[('admin', 'Admin'), ('operator', 'Operator'), ('viewer', 'Viewer')], default='operator', max_length=16)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='memberships', to=settings.AUTH_USER_MODEL)),
-                ('org', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='memberships', to='accounts.organization')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True,
+                        primary_key=True,
+                        serialize=False,
+                        verbose_name="ID",
+                    ),
+                ),
+                (
+                    "role",
+                    models.CharField(
+                        choices=[
+                            ("admin", "Admin"),
+                            ("operator", "Operator"),
+                            ("viewer", "Viewer"),
+                        ],
+                        default="operator",
+                        max_length=16,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="memberships",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "org",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="memberships",
+                        to="accounts.organization",
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('org', 'user'), name='membership_unique_org_user')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("org", "user"), name="membership_unique_org_user"
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='ApiToken',
+            name="ApiToken",
             fields=[
-                ('id', apps.core.ids.PrefixedIdField(max_length=40, prefix='tok', serialize=False)),
-                ('name', models.CharField(blank=True, max_length=100)),
-                ('prefix', models.CharField(max_length=16, unique=True)),
-                ('token_hash', models.CharField(max_length=64)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('expires_at', models.DateTimeField(blank=True, null=True)),
-                ('revoked_at', models.DateTimeField(blank=True, null=True)),
-                ('last_used_at', models.DateTimeField(blank=True, null=True)),
-                ('user', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='api_tokens', to=settings.AUTH_USER_MODEL)),
-                ('org', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='tokens', to='accounts.organization')),
-                ('worker', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='tokens', to='accounts.workeridentity')),
+                (
+                    "id",
+                    apps.core.ids.PrefixedIdField(
+                        max_length=40, prefix="tok", serialize=False
+                    ),
+                ),
+                ("name", models.CharField(blank=True, max_length=100)),
+                ("prefix", models.CharField(max_length=16, unique=True)),
+                ("token_hash", models.CharField(max_length=64)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("expires_at", models.DateTimeField(blank=True, null=True)),
+                ("revoked_at", models.DateTimeField(blank=True, null=True)),
+                ("last_used_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "user",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="api_tokens",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "org",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="tokens",
+                        to="accounts.organization",
+                    ),
+                ),
+                (
+                    "worker",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="tokens",
+                        to="accounts.workeridentity",
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.CheckConstraint(condition=models.Q(models.Q(('org__isnull', False), ('user__isnull', False), ('worker__isnull', True)), models.Q(('user__isnull', True), ('worker__isnull', False)), _connector='OR'), name='apitoken_user_xor_worker')],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            models.Q(
+                                ("org__isnull", False),
+                                ("user__isnull", False),
+                                ("worker__isnull", True),
+                            ),
+                            models.Q(("user__isnull", True), ("worker__isnull", False)),
+                            _connector="OR",
+                        ),
+                        name="apitoken_user_xor_worker",
+                    )
+                ],
             },
         ),
     ]

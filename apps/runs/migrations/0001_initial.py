@@ -7,120 +7,287 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('accounts', '0001_initial'),
-        ('datasets', '0001_initial'),
-        ('profiles', '0001_initial'),
+        ("accounts", "0001_initial"),
+        ("datasets", "0001_initial"),
+        ("profiles", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Run',
+            name="Run",
             fields=[
-                ('id', apps.core.ids.PrefixedIdField(max_length=40, prefix='run', serialize=False)),
-                ('kind', models.CharField(choices=[('execute', 'Execute'), ('evaluate', 'Evaluate'), ('train', 'Train')], max_length=16)),
-                ('status', models.CharField(choices=[('accepted', 'Accepted'), ('queued', 'Queued'), ('running', 'Running'), ('cancelling', 'Cancelling'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('cancelled', 'Cancelled')], default='accepted', max_length=16)),
-                ('idempotency_key', models.CharField(max_length=200)),
-                ('request_digest', models.CharField(help_text='sha256 of the canonical request body', max_length=64)),
-                ('last_event_seq', models.PositiveIntegerField(default=0)),
-                ('summary', models.JSONField(blank=True, default=dict)),
-                ('error', models.TextField(blank=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('cancel_requested_at', models.DateTimeField(blank=True, null=True)),
-                ('created_by', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('org', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='runs', to='accounts.organization')),
+                (
+                    "id",
+                    apps.core.ids.PrefixedIdField(
+                        max_length=40, prefix="run", serialize=False
+                    ),
+                ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("execute", "Execute"),
+                            ("evaluate", "Evaluate"),
+                            ("train", "Train"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("accepted", "Accepted"),
+                            ("queued", "Queued"),
+                            ("running", "Running"),
+                            ("cancelling", "Cancelling"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        default="accepted",
+                        max_length=16,
+                    ),
+                ),
+                ("idempotency_key", models.CharField(max_length=200)),
+                (
+                    "request_digest",
+                    models.CharField(
+                        help_text="sha256 of the canonical request body", max_length=64
+                    ),
+                ),
+                ("last_event_seq", models.PositiveIntegerField(default=0)),
+                ("summary", models.JSONField(blank=True, default=dict)),
+                ("error", models.TextField(blank=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("cancel_requested_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "org",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="runs",
+                        to="accounts.organization",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Lease',
+            name="Lease",
             fields=[
-                ('id', apps.core.ids.PrefixedIdField(max_length=40, prefix='lse', serialize=False)),
-                ('unit', models.CharField(default='run', max_length=100)),
-                ('fence', models.PositiveIntegerField()),
-                ('status', models.CharField(choices=[('active', 'Active'), ('completed', 'Completed'), ('released', 'Released'), ('expired', 'Expired')], default='active', max_length=16)),
-                ('acquired_at', models.DateTimeField(auto_now_add=True)),
-                ('heartbeat_at', models.DateTimeField()),
-                ('expires_at', models.DateTimeField()),
-                ('ended_at', models.DateTimeField(blank=True, null=True)),
-                ('worker', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='leases', to='accounts.workeridentity')),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='leases', to='runs.run')),
+                (
+                    "id",
+                    apps.core.ids.PrefixedIdField(
+                        max_length=40, prefix="lse", serialize=False
+                    ),
+                ),
+                ("unit", models.CharField(default="run", max_length=100)),
+                ("fence", models.PositiveIntegerField()),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("active", "Active"),
+                            ("completed", "Completed"),
+                            ("released", "Released"),
+                            ("expired", "Expired"),
+                        ],
+                        default="active",
+                        max_length=16,
+                    ),
+                ),
+                ("acquired_at", models.DateTimeField(auto_now_add=True)),
+                ("heartbeat_at", models.DateTimeField()),
+                ("expires_at", models.DateTimeField()),
+                ("ended_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "worker",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="leases",
+                        to="accounts.workeridentity",
+                    ),
+                ),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="leases",
+                        to="runs.run",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='RunEvent',
+            name="RunEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('seq', models.PositiveIntegerField()),
-                ('type', models.CharField(max_length=64)),
-                ('data', models.JSONField(blank=True, default=dict)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='runs.run')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True,
+                        primary_key=True,
+                        serialize=False,
+                        verbose_name="ID",
+                    ),
+                ),
+                ("seq", models.PositiveIntegerField()),
+                ("type", models.CharField(max_length=64)),
+                ("data", models.JSONField(blank=True, default=dict)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="events",
+                        to="runs.run",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['run', 'seq'],
+                "ordering": ["run", "seq"],
             },
         ),
         migrations.CreateModel(
-            name='LeaseWrite',
+            name="LeaseWrite",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('local_seq', models.PositiveIntegerField()),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('lease', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='writes', to='runs.lease')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True,
+                        primary_key=True,
+                        serialize=False,
+                        verbose_name="ID",
+                    ),
+                ),
+                ("local_seq", models.PositiveIntegerField()),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "lease",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="writes",
+                        to="runs.lease",
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('lease', 'local_seq'), name='leasewrite_unique_seq')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("lease", "local_seq"), name="leasewrite_unique_seq"
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='RunSpec',
+            name="RunSpec",
             fields=[
-                ('run', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, primary_key=True, related_name='spec', serialize=False, to='runs.run')),
-                ('dataset_ref', models.CharField(max_length=300)),
-                ('dataset_digest', models.CharField(max_length=64)),
-                ('actor_digest', models.CharField(max_length=64)),
-                ('judge_digest', models.CharField(blank=True, max_length=64)),
-                ('model_binding', models.JSONField(help_text="the actor's model binding (route or checkpoint)")),
-                ('plan', models.JSONField()),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('actor_version', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='profiles.profileversion')),
-                ('dataset_version', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='datasets.datasetversion')),
-                ('judge_version', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='profiles.profileversion')),
+                (
+                    "run",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        primary_key=True,
+                        related_name="spec",
+                        serialize=False,
+                        to="runs.run",
+                    ),
+                ),
+                ("dataset_ref", models.CharField(max_length=300)),
+                ("dataset_digest", models.CharField(max_length=64)),
+                ("actor_digest", models.CharField(max_length=64)),
+                ("judge_digest", models.CharField(blank=True, max_length=64)),
+                (
+                    "model_binding",
+                    models.JSONField(
+                        help_text="the actor's model binding (route or checkpoint)"
+                    ),
+                ),
+                ("plan", models.JSONField()),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "actor_version",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="profiles.profileversion",
+                    ),
+                ),
+                (
+                    "dataset_version",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="datasets.datasetversion",
+                    ),
+                ),
+                (
+                    "judge_version",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="profiles.profileversion",
+                    ),
+                ),
             ],
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['org', 'status'], name='runs_run_org_id_e6789e_idx'),
+            model_name="run",
+            index=models.Index(
+                fields=["org", "status"], name="runs_run_org_id_e6789e_idx"
+            ),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['status', 'id'], name='runs_run_status_f1c5f5_idx'),
+            model_name="run",
+            index=models.Index(
+                fields=["status", "id"], name="runs_run_status_f1c5f5_idx"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='run',
-            constraint=models.UniqueConstraint(fields=('org', 'idempotency_key'), name='run_unique_idempotency_key'),
+            model_name="run",
+            constraint=models.UniqueConstraint(
+                fields=("org", "idempotency_key"), name="run_unique_idempotency_key"
+            ),
         ),
         migrations.AddIndex(
-            model_name='lease',
-            index=models.Index(fields=['status', 'expires_at'], name='runs_lease_status_138dab_idx'),
+            model_name="lease",
+            index=models.Index(
+                fields=["status", "expires_at"], name="runs_lease_status_138dab_idx"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='lease',
-            constraint=models.UniqueConstraint(fields=('run', 'unit', 'fence'), name='lease_unique_fence'),
+            model_name="lease",
+            constraint=models.UniqueConstraint(
+                fields=("run", "unit", "fence"), name="lease_unique_fence"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='lease',
-            constraint=models.UniqueConstraint(condition=models.Q(('status', 'active')), fields=('run', 'unit'), name='lease_one_active_per_unit'),
+            model_name="lease",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("status", "active")),
+                fields=("run", "unit"),
+                name="lease_one_active_per_unit",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='runevent',
-            constraint=models.UniqueConstraint(fields=('run', 'seq'), name='runevent_unique_seq'),
+            model_name="runevent",
+            constraint=models.UniqueConstraint(
+                fields=("run", "seq"), name="runevent_unique_seq"
+            ),
         ),
     ]

@@ -1,0 +1,41 @@
+"""Reads of task and dataset versions; every query is scoped by organization."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from apps.accounts.models import Organization
+from apps.datasets.models import DatasetVersion, DatasetVersionTask, TaskVersion
+
+
+def dataset_version_list(*, org: Organization) -> QuerySet[DatasetVersion]:
+    return DatasetVersion.objects.filter(dataset__org=org).select_related("dataset", "dataset__org")
+
+
+def dataset_version_get(*, org: Organization, name: str, version: str) -> DatasetVersion | None:
+    return dataset_version_list(org=org).filter(dataset__name=name, version=version).first()
+
+
+def dataset_version_entries(
+    *, dataset_version: DatasetVersion, start: int = 0, limit: int | None = None
+) -> list[DatasetVersionTask]:
+    """Entries in dataset order from position `start` (the cursor), at most `limit`."""
+    qs = (
+        DatasetVersionTask.objects.filter(dataset_version=dataset_version, position__gte=start)
+        .select_related("task_version")
+        .order_by("position")
+    )
+    return list(qs[:limit] if limit is not None else qs)
+
+
+def dataset_version_task_versions(*, dataset_version: DatasetVersion) -> list[TaskVersion]:
+    """The task versions of a dataset version, in order (a task may appear twice)."""
+    return [entry.task_version for entry in dataset_version_entries(dataset_version=dataset_version)]
+
+
+def task_version_get(*, org: Organization, task_version_id: str) -> TaskVersion | None:
+    return TaskVersion.objects.filter(org=org, id=task_version_id).select_related("archive").first()
+
+
+def task_version_list(*, org: Organization) -> QuerySet[TaskVersion]:
+    return TaskVersion.objects.filter(org=org)

@@ -1,0 +1,320 @@
+"""Writes: import Harbor tasks as immutable task versions and ordered dataset versions.
+
+Parsing and archiving happen first, outside any transaction (apps.datasets.harbor_tasks);
+only when every task of a dataset is valid are the archives stored and the rows written,
+in one transaction, so a malformed task leaves no rows behind. Archive bytes that reach
+the object store before a rollback are harmless: they are content-addressed blobs that
+no row references.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+from typing import IO
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from rest_framework import status
+
+from apps.accounts.models import Organization
+from apps.core.errors import Conflict, NotFound, ServiceError, ValidationFailed
+from apps.datasets import harbor_tasks
+from apps.datasets.harbor_tasks import ParsedTask, TaskFormatError
+from apps.datasets.models import Dataset, DatasetVersion, DatasetVersionTask, TaskVersion
+from apps.datasets.selectors import dataset_version_get
+from apps.objects.services import object_put
+
+DATASET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+DATASET_VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+REFERENCE_RE = re.compile(r"^(?P<org>[^/@\s]+)/(?P<name>[^/@\s]+)@(?P<version>[^/@\s]+)$")
+MAX_REGISTRY_BYTES = 4 * 1024 * 1024
+
+
+class ArchiveTooLarge(ServiceError):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    error_type = "request_too_large"
+
+
+def _limit(name: str, default: int) -> int:
+    # Read at call time so that deployments (and tests) can change them in settings.
+    return int(getattr(settings, name, default))
+
+
+def _max_file_bytes() -> int:
+    return _limit("SYNTH_TASK_MAX_FILE_BYTES", harbor_tasks.DEFAULT_MAX_FILE_BYTES)
+
+
+def _max_task_bytes() -> int:
+    return _limit("SYNTH_TASK_MAX_BYTES", harbor_tasks.DEFAULT_MAX_TASK_BYTES)
+
+
+def _max_archive_bytes() -> int:
+    return _limit("SYNTH_TASK_MAX_ARCHIVE_BYTES", 256 * 1024 * 1024)
+
+
+def _name_version_check(*, name: str, version: str) -> None:
+    if not DATASET_NAME_RE.match(name or ""):
+        raise ValidationFailed(
+            "dataset name must be 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit",
+            field="name",
+        )
+    if not DATASET_VERSION_RE.match(version or ""):
+        raise ValidationFailed(
+            "version must be 1-64 letters, digits, '.', '_', '+' or '-', starting with a letter or digit",
+            field="version",
+        )
+
+
+def _task_parse(path: Path, *, label: str | None = None, field: str | None = None) -> ParsedTask:
+    try:
+        return harbor_tasks.task_dir_parse(
+            path, label=label, max_file_bytes=_max_file_bytes(), max_task_bytes=_max_task_bytes()
+        )
+    except TaskFormatError as exc:
+        raise ValidationFailed(str(exc), field=field) from None
+
+
+def _task_version_store(*, org: Organization, parsed: ParsedTask) -> TaskVersion:
+    """The org's task version for this content: the existing one, or a new one.
+
+    Must run inside the caller's transaction: object_put commits a StoredObject row.
+    """
+    existing = TaskVersion.objects.filter(org=org, digest=parsed.digest).first()
+    if existing is not None:
+        return existing
+    archive = object_put(org=org, data=parsed.archive, content_type=harbor_tasks.ARCHIVE_CONTENT_TYPE)
+    # get_or_create, not create: a concurrent import of the same content may have won.
+    task_version, _ = TaskVersion.objects.get_or_create(
+        org=org,
+        digest=parsed.digest,
+        defaults={
+            "name": parsed.name,
+            "archive": archive,
+            "config": parsed.config_json,
+            "instruction": parsed.instruction,
+            "agent_timeout_sec": parsed.agent_timeout_sec,
+            "verifier_timeout_sec": parsed.verifier_timeout_sec,
+            "cpus": parsed.cpus,
+            "memory_mb": parsed.memory_mb,
+            "storage_mb": parsed.storage_mb,
+            "docker_image": parsed.docker_image,
+            "has_dockerfile": parsed.has_dockerfile,
+            "has_solution": parsed.has_solution,
+        },
+    )
+    return task_version
+
+
+def task_version_import_dir(*, org: Organization, path: Path | str) -> TaskVersion:
+    """Import one Harbor task folder; the same content in the same org gives the same row."""
+    parsed = _task_parse(Path(path))
+    with transaction.atomic():
+        return _task_version_store(org=org, parsed=parsed)
+
+
+def _conflict(reference: str, existing: str, new: str) -> Conflict:
+    return Conflict(
+        f"dataset {reference} already exists with different content "
+        f"(digest {existing[:12]}..., this import {new[:12]}...); publish it under a new version",
+        field="version",
+    )
+
+
+def _dataset_version_store(
+    *, org: Organization, name: str, version: str, tasks: list[ParsedTask]
+) -> tuple[DatasetVersion, bool]:
+    """Write the dataset version for `tasks` (in order): (version, created).
+
+    The same name@version with the same digest is the same import (idempotent); with a
+    different digest it is a conflict, since versions are immutable once referenced.
+    """
+    digest = harbor_tasks.dataset_digest([t.digest for t in tasks])
+    reference = f"{org.slug}/{name}@{version}"
+
+    def existing_or_conflict(existing: DatasetVersion) -> tuple[DatasetVersion, bool]:
+        if existing.digest != digest:
+            raise _conflict(reference, existing.digest, digest)
+        return existing, False
+
+    # Cheap check first: re-importing an existing version stores nothing.
+    existing = dataset_version_get(org=org, name=name, version=version)
+    if existing is not None:
+        return existing_or_conflict(existing)
+
+    with transaction.atomic():
+        dataset, _ = Dataset.objects.get_or_create(org=org, name=name)
+        by_digest: dict[str, TaskVersion] = {}
+        for parsed in tasks:
+            if parsed.digest not in by_digest:
+                by_digest[parsed.digest] = _task_version_store(org=org, parsed=parsed)
+        try:
+            with transaction.atomic():
+                dataset_version = DatasetVersion.objects.create(
+                    dataset=dataset, version=version, digest=digest, task_count=len(tasks)
+                )
+        except IntegrityError:
+            # A concurrent import of the same name@version committed first.
+            return existing_or_conflict(DatasetVersion.objects.get(dataset=dataset, version=version))
+        DatasetVersionTask.objects.bulk_create(
+            [
+                DatasetVersionTask(
+                    dataset_version=dataset_version, position=position, task_version=by_digest[parsed.digest]
+                )
+                for position, parsed in enumerate(tasks)
+            ]
+        )
+    return dataset_version, True
+
+
+def _dataset_import_task_dirs(
+    *, org: Organization, name: str, version: str, root: Path, field: str | None
+) -> tuple[DatasetVersion, bool]:
+    try:
+        dirs = harbor_tasks.task_dirs_discover(root)
+    except TaskFormatError as exc:
+        raise ValidationFailed(str(exc), field=field) from None
+    tasks = [_task_parse(d, label=d.name, field=field) for d in dirs]
+    return _dataset_version_store(org=org, name=name, version=version, tasks=tasks)
+
+
+def dataset_import_dir(*, org: Organization, name: str, version: str, path: Path | str) -> tuple[DatasetVersion, bool]:
+    """Import a folder of task folders (each immediate subfolder with task.toml, by name)."""
+    _name_version_check(name=name, version=version)
+    return _dataset_import_task_dirs(org=org, name=name, version=version, root=Path(path), field=None)
+
+
+def _registry_tasks(
+    *,
+    data: bytes,
+    name: str,
+    version: str,
+    bases: list[Path],
+    confine_to: Path | None,
+    where: str,
+    field: str | None,
+) -> list[ParsedTask]:
+    try:
+        specs = harbor_tasks.registry_parse(data, where=where)
+        for i, base in enumerate(bases):
+            try:
+                entries = harbor_tasks.registry_tasks_resolve(
+                    specs, name=name, version=version, base_dir=base, confine_to=confine_to, where=where
+                )
+                break
+            except TaskFormatError:
+                if i == len(bases) - 1:
+                    raise
+    except TaskFormatError as exc:
+        raise ValidationFailed(str(exc), field=field) from None
+    return [_task_parse(entry.path, label=entry.path.name, field=field) for entry in entries]
+
+
+def dataset_import_registry(
+    *, org: Organization, registry_path: Path | str, name: str, version: str
+) -> tuple[DatasetVersion, bool]:
+    """Import dataset `name@version` of a Harbor legacy registry.json (local task paths only).
+
+    Task paths are relative to the registry file. A registry holding a single dataset is
+    imported whatever its own name/version (the caller names the imported version).
+    """
+    _name_version_check(name=name, version=version)
+    registry_path = Path(registry_path)
+    try:
+        data = registry_path.read_bytes()
+    except OSError as exc:
+        raise ValidationFailed(f"{registry_path}: cannot read ({exc.strerror})") from None
+    tasks = _registry_tasks(
+        data=data,
+        name=name,
+        version=version,
+        bases=[registry_path.resolve().parent],
+        confine_to=None,
+        where=registry_path.name,
+        field=None,
+    )
+    return _dataset_version_store(org=org, name=name, version=version, tasks=tasks)
+
+
+def dataset_import_path(*, org: Organization, name: str, version: str, path: Path | str) -> tuple[DatasetVersion, bool]:
+    """A folder of tasks, or a registry.json file (what the management command takes)."""
+    path = Path(path)
+    if path.is_file():
+        return dataset_import_registry(org=org, registry_path=path, name=name, version=version)
+    return dataset_import_dir(org=org, name=name, version=version, path=path)
+
+
+def dataset_import_archive(
+    *,
+    org: Organization,
+    name: str,
+    version: str,
+    archive: IO[bytes],
+    archive_size: int | None = None,
+    registry: bytes | None = None,
+) -> tuple[DatasetVersion, bool]:
+    """Import an uploaded tar / tar.gz of a folder of tasks, optionally with a registry.json.
+
+    Registry task paths are relative to the archive's top level (or to its single
+    top-level folder, if the archive wraps everything in one) and may not leave it.
+    """
+    _name_version_check(name=name, version=version)
+    if archive_size is not None and archive_size > _max_archive_bytes():
+        raise ArchiveTooLarge(
+            f"archive is {archive_size} bytes, over the limit of {_max_archive_bytes()} bytes", field="archive"
+        )
+    if registry is not None and len(registry) > MAX_REGISTRY_BYTES:
+        raise ArchiveTooLarge(f"registry is over the limit of {MAX_REGISTRY_BYTES} bytes", field="registry")
+    with tempfile.TemporaryDirectory(prefix="synth-dataset-") as tmp:
+        extract_dir = Path(tmp) / "archive"
+        extract_dir.mkdir()
+        try:
+            root = harbor_tasks.archive_extract(
+                archive,
+                extract_dir,
+                max_member_bytes=_max_file_bytes(),
+                max_total_bytes=_max_archive_bytes(),
+            )
+        except TaskFormatError as exc:
+            raise ValidationFailed(str(exc), field="archive") from None
+        if registry is None:
+            return _dataset_import_task_dirs(org=org, name=name, version=version, root=root, field="archive")
+        bases = [extract_dir] if root == extract_dir else [extract_dir, root]
+        tasks = _registry_tasks(
+            data=registry,
+            name=name,
+            version=version,
+            bases=bases,
+            confine_to=extract_dir,
+            where="registry.json",
+            field="registry",
+        )
+        return _dataset_version_store(org=org, name=name, version=version, tasks=tasks)
+
+
+def dataset_version_resolve(*, org: Organization, reference: str) -> DatasetVersion:
+    """`ORG/NAME@VERSION` -> the caller's dataset version.
+
+    Another organization's reference is "not found", never "forbidden", so that names
+    do not leak across tenants.
+    """
+    match = REFERENCE_RE.match(reference or "")
+    if not match:
+        raise ValidationFailed(f"malformed dataset reference {reference!r}: expected ORG/NAME@VERSION", field="dataset")
+    dataset_version = None
+    if match["org"] == org.slug:
+        dataset_version = dataset_version_get(org=org, name=match["name"], version=match["version"])
+    if dataset_version is None:
+        raise NotFound(f"dataset {reference} not found", field="dataset")
+    return dataset_version
+
+
+def task_version_materialize(*, task_version: TaskVersion, dest: Path | str) -> Path:
+    """Unpack a task version's canonical archive into `dest` (a Harbor task folder)."""
+    # Imported here: the object store module is completed separately and only this
+    # function needs to read from it.
+    from apps.objects.services import object_read
+
+    data = object_read(obj=task_version.archive)
+    return harbor_tasks.archive_unpack(data, Path(dest))

@@ -1,0 +1,298 @@
+"""Control API for runs (thin: validate, call one service or selector, render)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from django.db import close_old_connections
+from django.http import StreamingHttpResponse
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.accounts.permissions import IsWorker
+from apps.core.errors import ValidationFailed
+from apps.core.pagination import IdCursorPagination
+from apps.runs import selectors, services
+from apps.runs.models import TERMINAL_STATUSES, Lease, Run, RunEvent
+
+
+def _profile_ref(version: Any) -> dict[str, Any] | None:
+    if version is None:
+        return None
+    return {
+        "profile": version.profile.name,
+        "version": version.version,
+        "digest": version.digest,
+    }
+
+
+class RunOutputSerializer(serializers.Serializer):
+    def to_representation(self, run: Run) -> dict[str, Any]:
+        spec = getattr(run, "spec", None)
+        return {
+            "id": run.id,
+            "kind": run.kind,
+            "status": run.status,
+            "dataset": spec.dataset_ref if spec else None,
+            "dataset_digest": spec.dataset_digest if spec else None,
+            "actor": _profile_ref(spec.actor_version) if spec else None,
+            "judge": _profile_ref(spec.judge_version) if spec else None,
+            "model": spec.model_binding if spec else None,
+            "plan": spec.plan if spec else None,
+            "summary": run.summary,
+            "error": run.error or None,
+            "last_event_seq": run.last_event_seq,
+            "created_at": run.created_at,
+            "started_at": run.started_at,
+            "finished_at": run.finished_at,
+            "cancel_requested_at": run.cancel_requested_at,
+        }
+
+
+def event_dict(event: RunEvent) -> dict[str, Any]:
+    return {
+        "seq": event.seq,
+        "type": event.type,
+        "data": event.data,
+        "created_at": event.created_at.isoformat(),
+    }
+
+
+class RunListCreateApi(APIView):
+    class FilterSerializer(serializers.Serializer):
+        status = serializers.CharField(required=False)
+        kind = serializers.CharField(required=False)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER)],
+        request={"application/json": {"type": "object"}},
+        responses={201: dict, 200: dict, 409: dict},
+        description="Submit a run. Same Idempotency-Key and body: 200 with the same run; another body: 409.",
+    )
+    def post(self, request: Request) -> Response:
+        key = request.headers.get("Idempotency-Key") or f"auto-{uuid.uuid4()}"
+        run, created = services.run_submit(
+            org=request.auth.org,
+            user=request.user,
+            idempotency_key=key,
+            body=request.data,
+        )
+        run = selectors.run_get(org=request.auth.org, run_id=run.id)
+        return Response(
+            RunOutputSerializer(run).data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )
+
+    @extend_schema(parameters=[FilterSerializer], responses={200: dict})
+    def get(self, request: Request) -> Response:
+        filters = self.FilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        qs = selectors.run_list(org=request.auth.org, **filters.validated_data)
+        paginator = IdCursorPagination()
+        page = paginator.paginate_queryset(qs, request, view=self)
+        return paginator.get_paginated_response([RunOutputSerializer(r).data for r in page])
+
+
+class RunDetailApi(APIView):
+    @extend_schema(responses={200: dict})
+    def get(self, request: Request, run_id: str) -> Response:
+        return Response(RunOutputSerializer(selectors.run_get(org=request.auth.org, run_id=run_id)).data)
+
+
+class RunCancelApi(APIView):
+    @extend_schema(request=None, responses={200: dict})
+    def post(self, request: Request, run_id: str) -> Response:
+        services.run_cancel(org=request.auth.org, run_id=run_id)
+        return Response(RunOutputSerializer(selectors.run_get(org=request.auth.org, run_id=run_id)).data)
+
+
+class RunEventsApi(APIView):
+    """Ordered events after a cursor. `follow=1` streams them as server-sent events (each
+    with `id: <seq>`; reconnect with `Last-Event-ID` or `after` to resume with no gap and
+    no duplicate) and ends after the run's last event; `wait=S` long-polls instead."""
+
+    POLL_SECONDS = 0.25
+    KEEPALIVE_SECONDS = 10.0
+
+    class QuerySerializer(serializers.Serializer):
+        after = serializers.IntegerField(required=False, min_value=0, default=0)
+        limit = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=200)
+        follow = serializers.BooleanField(required=False, default=False)
+        wait = serializers.FloatField(required=False, min_value=0, max_value=60, default=0)
+        timeout = serializers.FloatField(required=False, min_value=1, max_value=3600, default=600)
+
+    @extend_schema(parameters=[QuerySerializer], responses={200: dict})
+    def get(self, request: Request, run_id: str) -> Response | StreamingHttpResponse:
+        query = self.QuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        params = query.validated_data
+        after = params["after"]
+        last_event_id = request.headers.get("Last-Event-ID")
+        if last_event_id:
+            try:
+                after = max(after, int(last_event_id))
+            except ValueError as exc:
+                raise ValidationFailed("Last-Event-ID must be an integer", field="Last-Event-ID") from exc
+        run = selectors.run_get(org=request.auth.org, run_id=run_id)
+        if params["follow"]:
+            response = StreamingHttpResponse(
+                self._stream(
+                    run_id=run.id,
+                    org=request.auth.org,
+                    after=after,
+                    timeout=params["timeout"],
+                ),
+                content_type="text/event-stream",
+            )
+            response["Cache-Control"] = "no-cache"
+            response["X-Accel-Buffering"] = "no"  # proxies must not buffer the stream
+            return response
+        events = selectors.run_events_after(run=run, after=after, limit=params["limit"])
+        deadline = time.monotonic() + params["wait"]
+        while not events and params["wait"] and time.monotonic() < deadline:
+            run.refresh_from_db(fields=["status", "last_event_seq"])
+            if run.status in TERMINAL_STATUSES and run.last_event_seq <= after:
+                break
+            time.sleep(self.POLL_SECONDS)
+            events = selectors.run_events_after(run=run, after=after, limit=params["limit"])
+        run.refresh_from_db(fields=["status", "last_event_seq"])
+        last = events[-1].seq if events else after
+        return Response(
+            {
+                "results": [event_dict(e) for e in events],
+                "after": last,
+                "has_more": run.last_event_seq > last,
+                "run_status": run.status,
+                "ended": run.status in TERMINAL_STATUSES and run.last_event_seq <= last,
+            }
+        )
+
+    def _stream(self, *, run_id: str, org: Any, after: int, timeout: float) -> Iterator[bytes]:
+        deadline = time.monotonic() + timeout
+        last_sent = time.monotonic()
+        yield b"retry: 1000\n\n"
+        try:
+            while True:
+                run = Run.objects.filter(pk=run_id, org=org).only("status", "last_event_seq").get()
+                events = list(RunEvent.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")[:500])
+                for event in events:
+                    payload = json.dumps(event_dict(event), separators=(",", ":"))
+                    yield f"id: {event.seq}\nevent: {event.type}\ndata: {payload}\n\n".encode()
+                    after = event.seq
+                    last_sent = time.monotonic()
+                if events:
+                    continue
+                if run.status in TERMINAL_STATUSES and run.last_event_seq <= after:
+                    yield f"event: end\ndata: {json.dumps({'status': run.status, 'after': after})}\n\n".encode()
+                    return
+                if time.monotonic() >= deadline:
+                    return  # the client reconnects from its cursor
+                if time.monotonic() - last_sent >= self.KEEPALIVE_SECONDS:
+                    yield b": keepalive\n\n"
+                    last_sent = time.monotonic()
+                time.sleep(self.POLL_SECONDS)
+        finally:
+            close_old_connections()
+
+
+# --------------------------------------------------------------------------- worker API
+
+
+def lease_dict(lease: Lease) -> dict[str, Any]:
+    return {
+        "id": lease.id,
+        "run": lease.run_id,
+        "unit": lease.unit,
+        "fence": lease.fence,
+        "status": lease.status,
+        "expires_at": lease.expires_at,
+    }
+
+
+class WorkerClaimApi(APIView):
+    permission_classes = [IsWorker]
+
+    class InputSerializer(serializers.Serializer):
+        unit = serializers.CharField(required=False, default="run", max_length=100)
+
+    @extend_schema(request=InputSerializer, responses={200: dict, 204: None})
+    def post(self, request: Request) -> Response:
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        lease = services.lease_claim(worker=request.auth.worker, unit=data.validated_data["unit"])
+        if lease is None:
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        run = Run.objects.select_related("spec", "spec__actor_version__profile", "spec__judge_version__profile").get(
+            pk=lease.run_id
+        )
+        return Response({"lease": lease_dict(lease), "run": RunOutputSerializer(run).data})
+
+
+class _LeaseApi(APIView):
+    permission_classes = [IsWorker]
+
+
+class WorkerHeartbeatApi(_LeaseApi):
+    class InputSerializer(serializers.Serializer):
+        fence = serializers.IntegerField(min_value=1)
+
+    @extend_schema(request=InputSerializer, responses={200: dict})
+    def post(self, request: Request, lease_id: str) -> Response:
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        result = services.lease_heartbeat(worker=request.auth.worker, lease_id=lease_id, **data.validated_data)
+        return Response(
+            {
+                "expires_at": result.expires_at,
+                "cancel_requested": result.cancel_requested,
+            }
+        )
+
+
+class WorkerReportApi(_LeaseApi):
+    class InputSerializer(serializers.Serializer):
+        fence = serializers.IntegerField(min_value=1)
+        local_seq = serializers.IntegerField(min_value=0)
+        events = serializers.ListField(child=serializers.DictField(), max_length=1000)
+
+    @extend_schema(request=InputSerializer, responses={200: dict})
+    def post(self, request: Request, lease_id: str) -> Response:
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        applied = services.lease_report(worker=request.auth.worker, lease_id=lease_id, **data.validated_data)
+        return Response({"applied": applied})
+
+
+class WorkerCompleteApi(_LeaseApi):
+    class InputSerializer(serializers.Serializer):
+        fence = serializers.IntegerField(min_value=1)
+        outcome = serializers.ChoiceField(choices=["succeeded", "failed", "cancelled"])
+        summary = serializers.DictField(required=False, default=dict)
+        error = serializers.CharField(required=False, default="", allow_blank=True, max_length=10_000)
+
+    @extend_schema(request=InputSerializer, responses={200: dict})
+    def post(self, request: Request, lease_id: str) -> Response:
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        run = services.lease_complete(worker=request.auth.worker, lease_id=lease_id, **data.validated_data)
+        return Response({"run": run.id, "status": run.status})
+
+
+class WorkerReleaseApi(_LeaseApi):
+    class InputSerializer(serializers.Serializer):
+        fence = serializers.IntegerField(min_value=1)
+        reason = serializers.CharField(required=False, default="", allow_blank=True, max_length=1000)
+
+    @extend_schema(request=InputSerializer, responses={200: dict})
+    def post(self, request: Request, lease_id: str) -> Response:
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        run = services.lease_release(worker=request.auth.worker, lease_id=lease_id, **data.validated_data)
+        return Response({"run": run.id, "status": run.status})

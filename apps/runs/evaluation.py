@@ -1,0 +1,71 @@
+"""Aggregates of assessed trials: mean reward, pass@k, errors by type."""
+
+from __future__ import annotations
+
+from collections import Counter
+from math import comb
+from typing import Any
+
+# A trial passes when its primary reward reaches this value (binary tests write 1/0).
+PASS_THRESHOLD = 1.0
+
+
+def pass_at_k(*, n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n attempts of which c passed (Chen et al. 2021, eq. 1)."""
+    if k > n:
+        raise ValueError("k must not exceed n")
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def _ks(n: int) -> list[int]:
+    ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= n]
+    if n not in ks:
+        ks.append(n)
+    return ks
+
+
+def group_summarize(*, trials: list[Any]) -> dict[str, Any]:
+    n = len(trials)
+    rewards = [t.reward if t.reward is not None else 0.0 for t in trials]
+    passed = sum(1 for t in trials if t.reward is not None and t.reward >= PASS_THRESHOLD)
+    errors = Counter(t.error_type for t in trials if t.error_type)
+    return {
+        "attempts": n,
+        "scored": sum(1 for t in trials if t.reward is not None),
+        "mean_reward": sum(rewards) / n if n else None,
+        "passed": passed,
+        "pass_at_k": {str(k): pass_at_k(n=n, c=passed, k=k) for k in _ks(n)} if n else {},
+        "errors": dict(errors),
+    }
+
+
+def run_summarize(*, trials: list[Any], scored: bool) -> dict[str, Any]:
+    by_group: dict[str, list[Any]] = {}
+    for t in trials:
+        by_group.setdefault(t.group_id, []).append(t)
+    statuses = Counter(t.status for t in trials)
+    errors = Counter(t.error_type for t in trials if t.error_type)
+    summary: dict[str, Any] = {
+        "trials": len(trials),
+        "tasks": len(by_group),
+        "statuses": dict(statuses),
+        "errors": dict(errors),
+    }
+    if not scored:
+        return summary
+    per_task = {}
+    for group_trials in by_group.values():
+        name = group_trials[0].task_version.name
+        per_task[name] = group_summarize(trials=group_trials)
+    means = [g["mean_reward"] for g in per_task.values() if g["mean_reward"] is not None]
+    summary["mean_reward"] = sum(means) / len(means) if means else None
+    ks = sorted({int(k) for g in per_task.values() for k in g["pass_at_k"]})
+    summary["pass_at_k"] = {
+        str(k): sum(g["pass_at_k"][str(k)] for g in per_task.values() if str(k) in g["pass_at_k"])
+        / sum(1 for g in per_task.values() if str(k) in g["pass_at_k"])
+        for k in ks
+    }
+    summary["per_task"] = per_task
+    return summary

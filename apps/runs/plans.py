@@ -1,0 +1,177 @@
+"""Plans, validated per run kind. Defaults are filled in so that a pinned plan is explicit.
+
+Unknown keys are errors (a typo such as "attempts_per_tsk" must not silently run with
+the default). Error messages name the JSON path of the offending value.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from apps.core.errors import ValidationFailed
+
+_SAMPLING = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2, "default": 1.0},
+        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "top_k": {"type": "integer", "minimum": 1},
+        "max_tokens": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 1_000_000,
+            "default": 8192,
+        },
+    },
+}
+_RESOURCES = {
+    "type": "object",
+    "additionalProperties": False,
+    "description": "Overrides of the task's own resources (task.toml [environment]).",
+    "properties": {
+        "cpus": {"type": "number", "exclusiveMinimum": 0},
+        "memory_mb": {"type": "integer", "minimum": 16},
+        "storage_mb": {"type": "integer", "minimum": 1},
+    },
+}
+_EXECUTION = {
+    "attempts_per_task": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": 1024,
+        "default": 1,
+    },
+    "max_concurrency": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": 10_000,
+        "default": 8,
+    },
+    "timeout_multiplier": {
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "maximum": 100,
+        "default": 1.0,
+    },
+    "agent_timeout_sec": {"type": "number", "exclusiveMinimum": 0},
+    "verifier_timeout_sec": {"type": "number", "exclusiveMinimum": 0},
+    "resources": _RESOURCES,
+    "environment": {
+        "type": "string",
+        "description": "Harbor environment type or module:Class; default: the local sandbox",
+        "default": "local",
+    },
+    "on_lost": {"enum": ["retry", "fail"], "default": "retry"},
+    "max_retries": {"type": "integer", "minimum": 0, "maximum": 10, "default": 1},
+    "task_names": {
+        "type": "array",
+        "items": {"type": "string"},
+        "description": "glob filter",
+    },
+    "sampling": _SAMPLING,
+}
+
+PLAN_SCHEMAS: dict[str, dict[str, Any]] = {
+    "execute": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": _EXECUTION,
+    },
+    "evaluate": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": _EXECUTION,
+    },
+    "train": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["steps"],
+        "properties": {
+            **{k: v for k, v in _EXECUTION.items() if k != "attempts_per_task"},
+            "backend": {"enum": ["local", "tinker"], "default": "local"},
+            "batch_size": {"type": "integer", "minimum": 1, "default": 4},
+            "group_size": {
+                "type": "integer",
+                "minimum": 2,
+                "maximum": 1024,
+                "default": 8,
+            },
+            "steps": {"type": "integer", "minimum": 1},
+            "learning_rate": {"type": "number", "exclusiveMinimum": 0, "default": 4e-5},
+            "lora_rank": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 1024,
+                "default": 32,
+            },
+            "loss": {
+                "enum": ["importance_sampling", "ppo", "cispo"],
+                "default": "importance_sampling",
+            },
+            "save_every": {"type": "integer", "minimum": 1, "default": 5},
+            "eligibility": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "min_valid_per_group": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "default": 2,
+                    },
+                    "require_reward_variance": {"type": "boolean", "default": True},
+                },
+            },
+        },
+    },
+}
+_VALIDATORS = {kind: Draft202012Validator(schema) for kind, schema in PLAN_SCHEMAS.items()}
+
+
+def _path(parts: Any) -> str:
+    out = "plan"
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def _fill_defaults(schema: dict[str, Any], value: dict[str, Any]) -> None:
+    for key, sub in schema.get("properties", {}).items():
+        if key not in value and "default" in sub:
+            value[key] = copy.deepcopy(sub["default"])
+        if isinstance(value.get(key), dict) and sub.get("type") == "object":
+            _fill_defaults(sub, value[key])
+        elif (
+            key not in value
+            and sub.get("type") == "object"
+            and any("default" in p for p in sub.get("properties", {}).values())
+        ):
+            value[key] = {}
+            _fill_defaults(sub, value[key])
+
+
+def plan_normalize(*, kind: str, plan: Any) -> dict[str, Any]:
+    """The validated plan with every default written out, or ValidationFailed naming the path."""
+    if kind not in PLAN_SCHEMAS:
+        raise ValidationFailed(f"kind must be one of {', '.join(PLAN_SCHEMAS)}", field="kind")
+    if plan is None:
+        plan = {}
+    if not isinstance(plan, dict):
+        raise ValidationFailed("plan must be a JSON object", field="plan")
+    errors = sorted(_VALIDATORS[kind].iter_errors(plan), key=lambda e: list(e.absolute_path))
+    if errors:
+        err = errors[0]
+        field = _path(err.absolute_path)
+        message = err.message
+        if err.validator == "additionalProperties":
+            extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+            if extra:
+                field = f"{field}.{extra[0]}"
+                message = f"unknown field {extra[0]!r} for a {kind} plan"
+        raise ValidationFailed(f"{field}: {message}", field=field)
+    normalized = copy.deepcopy(plan)
+    _fill_defaults(PLAN_SCHEMAS[kind], normalized)
+    return normalized

@@ -1,0 +1,32 @@
+"""Reads for runs; every one is scoped by organization."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from apps.accounts.models import Organization
+from apps.core.errors import NotFound
+from apps.runs.models import Run, RunEvent
+
+
+def run_list(*, org: Organization, status: str | None = None, kind: str | None = None) -> QuerySet[Run]:
+    qs = Run.objects.filter(org=org).select_related(
+        "spec", "spec__actor_version__profile", "spec__judge_version__profile"
+    )
+    if status:
+        qs = qs.filter(status__in=status.split(","))
+    if kind:
+        qs = qs.filter(kind__in=kind.split(","))
+    return qs
+
+
+def run_get(*, org: Organization, run_id: str) -> Run:
+    run = run_list(org=org).filter(pk=run_id).first()
+    if run is None:
+        # Another organization's run is indistinguishable from a missing one.
+        raise NotFound(f"run {run_id} not found")
+    return run
+
+
+def run_events_after(*, run: Run, after: int, limit: int) -> list[RunEvent]:
+    return list(RunEvent.objects.filter(run=run, seq__gt=after).order_by("seq")[:limit])

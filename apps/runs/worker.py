@@ -1,0 +1,409 @@
+"""One trial on a trials worker: lease, admission, a Harbor trial in the sandbox,
+artifacts to the object store, completion under the lease.
+
+A keeper thread heartbeats the lease; it is also how cancellation reaches a running
+trial (the heartbeat answers `cancel_requested`) and how a worker learns it lost the
+trial to another (a stale lease): then it stops without writing anything more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import shutil
+import tarfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections, connections
+
+from apps.accounts.models import WorkerIdentity
+from apps.accounts.services import worker_get_or_create
+from apps.core.canonical import canonical_bytes, sha256_hex
+from apps.core.errors import StaleLease
+from apps.objects.services import object_put, object_read
+from apps.runs.admission import (
+    Budget,
+    Need,
+    NeverFits,
+    admission_release,
+    admission_request,
+    admission_try,
+    node_register,
+    node_usage,
+)
+from apps.runs.execution import TrialOutcome, trial_claim, trial_complete, trial_mark_running
+from apps.runs.models import Artifact, Lease, RunKind, Trial, TrialStatus, WorkerNode
+from apps.runs.services import lease_heartbeat, lease_report
+
+logger = logging.getLogger(__name__)
+
+ADMISSION_POLL_SECONDS = 0.5
+
+
+class LeaseKeeper(threading.Thread):
+    """Heartbeats a lease until stopped; records cancellation and loss."""
+
+    def __init__(self, *, worker: WorkerIdentity, lease: Lease) -> None:
+        super().__init__(name=f"lease-{lease.id}", daemon=True)
+        self.worker = worker
+        self.lease = lease
+        self.interval = max(0.2, settings.SYNTH_LEASE_TTL_SECONDS / 3)
+        self.cancelled = threading.Event()
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._seq = 0
+        self._seq_lock = threading.Lock()
+
+    @property
+    def should_stop(self) -> bool:
+        return self.cancelled.is_set() or self.lost.is_set()
+
+    def next_seq(self) -> int:
+        with self._seq_lock:
+            self._seq += 1
+            return self._seq
+
+    def run(self) -> None:
+        try:
+            while not self._stop.wait(self.interval):
+                try:
+                    result = lease_heartbeat(worker=self.worker, lease_id=self.lease.id, fence=self.lease.fence)
+                except StaleLease:
+                    logger.warning("lease %s is stale; stopping trial work", self.lease.id)
+                    self.lost.set()
+                    return
+                except Exception:  # a database hiccup: try again next beat, the TTL covers it
+                    logger.exception("heartbeat of %s failed", self.lease.id)
+                    close_old_connections()
+                    continue
+                if result.cancel_requested:
+                    self.cancelled.set()
+        finally:
+            connections.close_all()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def node_current() -> WorkerNode:
+    return node_register(
+        name=settings.SYNTH_WORKER_NAME,
+        budget=Budget(
+            slots=settings.SYNTH_WORKER_SLOTS,
+            cpus=settings.SYNTH_WORKER_CPUS,
+            memory_mb=settings.SYNTH_WORKER_MEMORY_MB,
+            storage_mb=settings.SYNTH_WORKER_STORAGE_MB,
+        ),
+    )
+
+
+def trial_need(*, trial: Trial, plan: dict[str, Any]) -> Need:
+    overrides = plan.get("resources") or {}
+    tv = trial.task_version
+    return Need(
+        cpus=float(overrides.get("cpus", tv.cpus)),
+        memory_mb=int(overrides.get("memory_mb", tv.memory_mb)),
+        storage_mb=int(overrides.get("storage_mb", tv.storage_mb)),
+    )
+
+
+def _report(keeper: LeaseKeeper, *events: dict[str, Any]) -> None:
+    lease_report(
+        worker=keeper.worker,
+        lease_id=keeper.lease.id,
+        fence=keeper.lease.fence,
+        local_seq=keeper.next_seq(),
+        events=list(events),
+    )
+
+
+def task_unpack(*, trial: Trial, dest: Path) -> Path:
+    data = object_read(obj=trial.task_version.archive)
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
+        tar.extractall(dest, filter="data")  # the "data" filter refuses escapes and devices
+    entries = [p for p in dest.iterdir()]
+    # Archives hold the task folder's contents, or the folder itself: accept both.
+    if len(entries) == 1 and entries[0].is_dir() and not (dest / "task.toml").exists():
+        return entries[0]
+    return dest
+
+
+def trial_execute(*, trial_id: str) -> None:
+    """Run one trial end to end on this worker. Safe to call twice for the same trial."""
+    node = node_current()
+    worker = worker_get_or_create(name=f"trials@{node.name}")
+    lease = trial_claim(worker=worker, trial_id=trial_id, node_name=node.name)
+    if lease is None:
+        return
+    trial = Trial.objects.select_related("run__spec__actor_version", "task_version__archive", "group").get(pk=trial_id)
+    keeper = LeaseKeeper(worker=worker, lease=lease)
+    keeper.start()
+    reservation = None
+    work = Path(settings.SYNTH_WORK_DIR) / trial.id
+    try:
+        plan = trial.run.spec.plan
+        need = trial_need(trial=trial, plan=plan)
+        try:
+            reservation = admission_request(node=node, trial=trial, need=need)
+        except NeverFits as exc:
+            trial_complete(
+                worker=worker,
+                lease=lease,
+                trial_id=trial.id,
+                outcome=TrialOutcome(
+                    status=TrialStatus.FAILED, error_type="ResourcesExceedBudget", error_message=exc.message
+                ),
+            )
+            return
+        waited_since = None
+        while not admission_try(reservation=reservation):
+            if waited_since is None:
+                waited_since = time.monotonic()
+                _report(
+                    keeper,
+                    {
+                        "type": "admission.waiting",
+                        "data": {
+                            "trial": trial.id,
+                            "node": node.name,
+                            "need": need.as_dict(),
+                            "usage": node_usage(node=node),
+                        },
+                    },
+                )
+            if keeper.should_stop:
+                break
+            time.sleep(ADMISSION_POLL_SECONDS)
+        if keeper.lost.is_set():
+            return
+        if keeper.cancelled.is_set():
+            trial_complete(
+                worker=worker,
+                lease=lease,
+                trial_id=trial.id,
+                outcome=TrialOutcome(
+                    status=TrialStatus.CANCELLED,
+                    error_type="Cancelled",
+                    error_message="cancelled while waiting for resources",
+                ),
+            )
+            return
+        if waited_since is not None:
+            _report(
+                keeper,
+                {
+                    "type": "admission.granted",
+                    "data": {
+                        "trial": trial.id,
+                        "waited_sec": round(time.monotonic() - waited_since, 3),
+                        "usage": node_usage(node=node),
+                    },
+                },
+            )
+        trial_mark_running(
+            worker=worker,
+            lease=lease,
+            trial_id=trial.id,
+            data={"task": trial.task_version.name, "attempt": trial.attempt, "node": node.name, "need": need.as_dict()},
+        )
+        task_dir = task_unpack(trial=trial, dest=work / "task")
+        launch_plan = trial_launch_plan(trial=trial, task_dir=task_dir)
+        outcome, trial_dir = harbor_trial_run(
+            trial=trial, task_dir=task_dir, trials_dir=work / "trials", launch_plan=launch_plan, keeper=keeper
+        )
+        if keeper.lost.is_set():
+            return
+        artifacts_publish(trial=trial, trial_dir=trial_dir, launch_plan=launch_plan)
+        trial_complete(worker=worker, lease=lease, trial_id=trial.id, outcome=outcome)
+    except StaleLease:
+        logger.warning("trial %s: lease lost to another holder; its result is theirs", trial_id)
+    except Exception as exc:
+        # A platform error (not the agent's or the task's): the trial ends with it, visibly.
+        logger.exception("trial %s failed in the platform", trial_id)
+        try:
+            trial_complete(
+                worker=worker,
+                lease=lease,
+                trial_id=trial_id,
+                outcome=TrialOutcome(
+                    status=TrialStatus.FAILED,
+                    error_type=type(exc).__name__,
+                    error_message=f"{exc}\n{traceback.format_exc(limit=5)}",
+                ),
+            )
+        except StaleLease:
+            pass
+    finally:
+        keeper.stop()
+        keeper.join(timeout=5)
+        if reservation is not None:
+            admission_release(reservation=reservation)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def trial_launch_plan(*, trial: Trial, task_dir: Path) -> dict[str, Any]:
+    """The recipe interpreted for this attempt (the one launcher; see apps.profiles.launcher)."""
+    from apps.profiles.launcher import Bindings, launch_plan_build
+    from apps.profiles.selectors import profile_version_recipe
+
+    recipe = profile_version_recipe(profile_version=trial.run.spec.actor_version)
+    bindings = Bindings.for_trial(trial=trial, task_dir=task_dir)
+    return launch_plan_build(recipe=recipe, bindings=bindings).to_dict()
+
+
+def _timing(info: Any) -> dict[str, Any] | None:
+    if info is None or info.started_at is None:
+        return None
+    out = {"started_at": info.started_at.isoformat()}
+    if info.finished_at is not None:
+        out["finished_at"] = info.finished_at.isoformat()
+        out["seconds"] = round((info.finished_at - info.started_at).total_seconds(), 3)
+    return out
+
+
+def _environment_config(*, plan: dict[str, Any]) -> Any:
+    from harbor.models.trial.config import EnvironmentConfig
+
+    overrides = plan.get("resources") or {}
+    common: dict[str, Any] = {
+        "override_cpus": overrides.get("cpus"),
+        "override_memory_mb": overrides.get("memory_mb"),
+        "override_storage_mb": overrides.get("storage_mb"),
+        "delete": True,
+    }
+    name = plan.get("environment") or "local"
+    if name == "local":
+        return EnvironmentConfig(import_path=settings.SYNTH_DEFAULT_ENVIRONMENT, **common)
+    if ":" in name:
+        return EnvironmentConfig(import_path=name, **common)
+    return EnvironmentConfig(type=name, **common)  # docker, daytona, modal, e2b, gke, ...
+
+
+def harbor_trial_run(
+    *, trial: Trial, task_dir: Path, trials_dir: Path, launch_plan: dict[str, Any], keeper: LeaseKeeper
+) -> tuple[TrialOutcome, Path]:
+    """Run Harbor's trial lifecycle (environment, agent setup, agent, verifier) with the
+    plan's deadlines; cancel it when the lease keeper says so."""
+    from harbor.models.trial.config import AgentConfig, TrialConfig, VerifierConfig
+    from harbor.models.trial.config import TaskConfig as HarborTaskConfig
+    from harbor.trial.trial import Trial as HarborTrial
+
+    plan = trial.run.spec.plan
+    config = TrialConfig(
+        task=HarborTaskConfig(path=task_dir),
+        trial_name=trial.id,
+        trials_dir=trials_dir,
+        timeout_multiplier=plan.get("timeout_multiplier", 1.0),
+        agent=AgentConfig(
+            import_path="apps.runs.agents:RecipeAgent",
+            kwargs={"launch_plan": launch_plan},
+            override_timeout_sec=plan.get("agent_timeout_sec"),
+        ),
+        environment=_environment_config(plan=plan),
+        verifier=VerifierConfig(
+            disable=trial.run.kind == RunKind.EXECUTE,
+            override_timeout_sec=plan.get("verifier_timeout_sec"),
+        ),
+    )
+
+    async def main() -> tuple[Any, bool]:
+        harbor_trial = await HarborTrial.create(config)
+        task = asyncio.create_task(harbor_trial.run())
+        while not task.done():
+            if keeper.should_stop:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+                return harbor_trial.result, True
+            await asyncio.wait({task}, timeout=0.25)
+        return task.result(), False
+
+    result, cancelled = asyncio.run(main())
+    timings = {
+        "environment_setup": _timing(result.environment_setup),
+        "agent_setup": _timing(result.agent_setup),
+        "agent_execution": _timing(result.agent_execution),
+        "verifier": _timing(result.verifier),
+    }
+    rewards = result.verifier_result.rewards if result.verifier_result is not None else None
+    if cancelled:
+        outcome = TrialOutcome(
+            status=TrialStatus.CANCELLED,
+            rewards=rewards,
+            error_type="Cancelled",
+            error_message="the run was cancelled",
+            timings=timings,
+        )
+    elif result.exception_info is not None:
+        outcome = TrialOutcome(
+            status=TrialStatus.FAILED,
+            rewards=rewards,
+            error_type=result.exception_info.exception_type,
+            error_message=result.exception_info.exception_message,
+            timings=timings,
+        )
+    else:
+        outcome = TrialOutcome(status=TrialStatus.SUCCEEDED, rewards=rewards, timings=timings)
+    return outcome, trials_dir / trial.id
+
+
+def _artifact_kind(name: str) -> str:
+    top = name.split("/", 1)[0]
+    if name.startswith("artifacts/outputs/"):
+        return "output"
+    if name.endswith((".jsonl",)) and top == "agent":
+        return "transcript"
+    return {"agent": "agent", "verifier": "verifier", "artifacts": "artifact"}.get(top, "trial")
+
+
+def artifacts_publish(*, trial: Trial, trial_dir: Path, launch_plan: dict[str, Any]) -> list[Artifact]:
+    """Upload the trial's files (logs, transcript, verifier output, outputs) content-addressed."""
+    org = trial.run.org
+    files: list[tuple[str, bytes]] = [("launch-plan.json", canonical_bytes(_redacted(launch_plan)))]
+    if trial_dir.is_dir():
+        for path in sorted(trial_dir.rglob("*")):
+            if not path.is_file() or path.is_symlink():
+                continue
+            size = path.stat().st_size
+            if size > settings.SYNTH_ARTIFACT_MAX_BYTES:
+                logger.warning("artifact %s is %d bytes; over the limit, skipped", path, size)
+                continue
+            files.append((path.relative_to(trial_dir).as_posix(), path.read_bytes()))
+    made = []
+    for name, data in files:
+        obj = object_put(org=org, data=data)
+        artifact, _ = Artifact.objects.get_or_create(
+            trial=trial,
+            name=name[:500],
+            defaults={
+                "run": trial.run,
+                "kind": _artifact_kind(name),
+                "object": obj,
+                "sha256": obj.sha256,
+                "size": obj.size,
+            },
+        )
+        made.append(artifact)
+    return made
+
+
+def _redacted(launch_plan: dict[str, Any]) -> dict[str, Any]:
+    """The launch plan as stored: the scoped credential never leaves the worker."""
+    plan = json.loads(json.dumps(launch_plan))
+    credential = plan.get("credential_hint")
+    env = plan.get("env") or {}
+    for key, value in list(env.items()):
+        if isinstance(value, str) and credential and credential in value:
+            env[key] = "<redacted>"
+    plan["digest"] = sha256_hex(canonical_bytes(launch_plan))
+    return plan

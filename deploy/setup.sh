@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Set-up on a fresh machine: the virtual environment at .venv/ with the pinned
+# dependencies and the `synth` command. Safe to run again (it only adds what is missing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${SYNTH_PYTHON:-}
+if [ -z "$PY" ]; then
+  for candidate in python3.12 "$HOME/.pyenv/versions/3.12.1/bin/python" /root/.pyenv/versions/3.12.1/bin/python; do
+    if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
+      PY=$candidate; break
+    fi
+  done
+fi
+[ -n "$PY" ] || { echo "setup: Python 3.12 is required (set SYNTH_PYTHON)" >&2; exit 1; }
+
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.requirements.sha256
+want=$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -r requirements.txt
+  .venv/bin/python -m pip install -q --no-deps -e .
+  echo "$want" > "$stamp"
+fi
+
+# The local sandbox uses bubblewrap (Debian package); install it when missing and possible.
+if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get install -y -q bubblewrap >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; }) \
+    || echo "setup: could not install bubblewrap; local sandboxes will be unavailable" >&2
+fi

@@ -1,0 +1,3 @@
+from billing.split import split_bill
+
+__all__ = ["split_bill"]

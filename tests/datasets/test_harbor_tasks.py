@@ -1,0 +1,193 @@
+"""Parsing and canonical archives of Harbor task folders (pure: no database)."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from apps.datasets import harbor_tasks
+from apps.datasets.harbor_tasks import TaskFormatError, task_dir_parse
+from tests.datasets.conftest import EXAMPLE_SLUGS, EXAMPLE_TASKS, EXAMPLES, TASK_TOML, write_task
+
+
+def test_there_are_at_least_six_examples() -> None:
+    assert len(EXAMPLE_SLUGS) >= 6
+
+
+@pytest.mark.parametrize("slug", EXAMPLE_SLUGS)
+def test_each_example_task_parses(slug: str) -> None:
+    parsed = task_dir_parse(EXAMPLE_TASKS / slug)
+    config = parsed.config
+    assert parsed.name == f"synth-examples/{slug}"
+    assert config.schema_version == "1.4"
+    assert config.environment.workdir == "/app"
+    assert config.agent.timeout_sec and config.verifier.timeout_sec
+    assert config.environment.cpus and config.environment.memory_mb and config.environment.storage_mb
+    assert parsed.has_dockerfile and parsed.has_solution
+    assert parsed.instruction.strip()
+    assert "tests/test.sh" in parsed.files and "solution/solve.sh" in parsed.files
+    assert parsed.config_json["task"]["name"] == parsed.name
+
+
+def test_examples_cover_the_requested_features() -> None:
+    parsed = {slug: task_dir_parse(EXAMPLE_TASKS / slug) for slug in EXAMPLE_SLUGS}
+    assert any(p.config.environment.network_mode.value == "no-network" for p in parsed.values())
+    assert any(p.memory_mb == 3072 for p in parsed.values())
+    assert any("reward.json" in (EXAMPLE_TASKS / s / "tests" / "test.sh").read_text() for s in parsed)
+
+
+def _members(archive: bytes) -> list[tarfile.TarInfo]:
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
+        return tar.getmembers()
+
+
+def test_archive_is_canonical(examples_copy) -> None:
+    first, second = examples_copy(1), examples_copy(2)
+    for slug in EXAMPLE_SLUGS:
+        a, b = task_dir_parse(first / slug), task_dir_parse(second / slug)
+        assert a.digest == b.digest, slug
+        assert a.archive == b.archive
+    members = _members(task_dir_parse(first / "fix-failing-test").archive)
+    names = [m.name for m in members]
+    assert names == sorted(names)
+    assert all(m.mtime == 0 and m.uid == 0 and m.gid == 0 and m.uname == "" and m.gname == "" for m in members)
+    modes = {m.name: m.mode for m in members}
+    assert modes["tests/test.sh"] == 0o755
+    assert modes["solution/solve.sh"] == 0o755
+    assert modes["task.toml"] == 0o644
+    assert modes["environment/app"] == 0o755 and members[names.index("environment/app")].isdir()
+
+
+def test_digest_follows_content_and_executable_bit(tmp_path: Path) -> None:
+    task = write_task(tmp_path, "hello")
+    base = task_dir_parse(task).digest
+    (task / "solution" / "solve.sh").chmod(0o644)
+    no_exec = task_dir_parse(task).digest
+    assert no_exec != base
+    (task / "solution" / "solve.sh").chmod(0o700)  # any executable bit is 0755
+    assert task_dir_parse(task).digest == base
+    (task / "instruction.md").write_text("something else\n")
+    assert task_dir_parse(task).digest != base
+
+
+def test_caches_are_left_out_of_the_archive(tmp_path: Path) -> None:
+    task = write_task(tmp_path, "hello")
+    base = task_dir_parse(task).digest
+    (task / "tests" / "__pycache__").mkdir()
+    (task / "tests" / "__pycache__" / "x.cpython-312.pyc").write_bytes(b"\0")
+    (task / ".DS_Store").write_bytes(b"\0")
+    assert task_dir_parse(task).digest == base
+
+
+def _error(task: Path, **kwargs: object) -> str:
+    with pytest.raises(TaskFormatError) as info:
+        task_dir_parse(task, **kwargs)  # type: ignore[arg-type]
+    return str(info.value)
+
+
+def test_missing_test_script_is_named(tmp_path: Path) -> None:
+    task = write_task(tmp_path, "hello")
+    (task / "tests" / "test.sh").unlink()
+    assert _error(task) == "hello/tests/test.sh: missing"
+
+
+def test_missing_instruction_is_named(tmp_path: Path) -> None:
+    task = write_task(tmp_path, "hello")
+    (task / "instruction.md").unlink()
+    assert _error(task) == "hello/instruction.md: missing"
+
+
+def test_missing_task_toml_and_environment(tmp_path: Path) -> None:
+    task = write_task(tmp_path, "hello")
+    (task / "environment" / "Dockerfile").unlink()
+    (task / "environment").rmdir()
+    assert _error(task).startswith("hello/environment/: missing")
+    (task / "task.toml").unlink()
+    assert _error(task) == "hello/task.toml: missing"
+
+
+def test_toml_syntax_error_names_the_line(tmp_path: Path) -> None:
+    task = write_task(tmp_path, "hello", toml='schema_version = "1.4"\n[task]\nname = test/hello\n')
+    message = _error(task)
+    assert message.startswith("hello/task.toml: line 3, column 8: invalid TOML")
+
+
+def test_wrong_type_names_the_line_and_key(tmp_path: Path) -> None:
+    toml = TASK_TOML.format(slug="hello").replace("cpus = 1", 'cpus = "many"')
+    line = toml.splitlines().index('cpus = "many"') + 1
+    task = write_task(tmp_path, "hello", toml=toml)
+    assert _error(task) == f"hello/task.toml: line {line}: [environment].cpus: expected int or float (got 'many')"
+
+
+def test_invalid_task_name_is_reported(tmp_path: Path) -> None:
+    task = write_task(tmp_path, "hello", toml='[task]\nname = "no slash"\n')
+    message = _error(task)
+    assert message.startswith("hello/task.toml: line 2: [task].name: Package name must be in 'org/name' format")
+
+
+def test_symlink_outside_the_task_is_rejected(tmp_path: Path) -> None:
+    task = write_task(tmp_path, "hello")
+    (tmp_path / "secret").write_text("x")
+    os.symlink("../../secret", task / "environment" / "leak")
+    assert _error(task) == "hello/environment/leak: symlink points outside the task (../../secret)"
+
+
+def test_symlink_inside_the_task_is_kept_as_a_relative_link(tmp_path: Path) -> None:
+    task = write_task(tmp_path, "hello")
+    os.symlink(task / "instruction.md", task / "environment" / "instruction-copy.md")  # absolute target
+    members = {m.name: m for m in _members(task_dir_parse(task).archive)}
+    link = members["environment/instruction-copy.md"]
+    assert link.issym() and link.linkname == "../instruction.md"
+
+
+def test_huge_file_is_rejected(tmp_path: Path) -> None:
+    task = write_task(tmp_path, "hello")
+    (task / "environment" / "blob.bin").write_bytes(b"x" * 2048)
+    assert _error(task, max_file_bytes=1024) == (
+        "hello/environment/blob.bin: file is 2048 bytes, over the limit of 1024 bytes"
+    )
+
+
+def test_registry_git_url_is_rejected(tmp_path: Path) -> None:
+    data = b'[{"name": "r", "version": "1", "description": "", "tasks": [{"name": "t", "path": "t", "git_url": "https://example.com/x.git"}]}]'
+    specs = harbor_tasks.registry_parse(data)
+    with pytest.raises(TaskFormatError, match="git_url https://example.com/x.git is not supported"):
+        harbor_tasks.registry_tasks_resolve(specs, name="r", version="1", base_dir=tmp_path)
+
+
+def test_registry_errors(tmp_path: Path) -> None:
+    with pytest.raises(TaskFormatError, match=r"^registry.json: line 1, column 2: invalid JSON"):
+        harbor_tasks.registry_parse(b"[,]")
+    with pytest.raises(TaskFormatError, match=r"^registry.json: \[0\].tasks: required but missing"):
+        harbor_tasks.registry_parse(b'[{"name": "r", "version": "1", "description": ""}]')
+    specs = harbor_tasks.registry_parse((EXAMPLES / "registry.json").read_bytes() * 1 + b"")
+    two = specs + specs
+    with pytest.raises(TaskFormatError, match=r"no dataset other@9 \(available: examples@1.0, examples@1.0\)"):
+        harbor_tasks.registry_tasks_resolve(two, name="other", version="9", base_dir=EXAMPLES)
+    with pytest.raises(TaskFormatError, match="points outside the uploaded archive"):
+        harbor_tasks.registry_tasks_resolve(
+            specs, name="examples", version="1.0", base_dir=EXAMPLES, confine_to=tmp_path
+        )
+
+
+def test_archive_extract_refuses_path_traversal(tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("../evil.txt")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    buf.seek(0)
+    dest = tmp_path / "out"
+    dest.mkdir()
+    with pytest.raises(TaskFormatError, match=r"archive: ../evil.txt: path points outside the archive"):
+        harbor_tasks.archive_extract(buf, dest)
+    assert not (tmp_path / "evil.txt").exists()
+
+
+def test_archive_extract_refuses_garbage(tmp_path: Path) -> None:
+    with pytest.raises(TaskFormatError, match="not a readable tar or tar.gz file"):
+        harbor_tasks.archive_extract(io.BytesIO(b"not a tar at all" * 100), tmp_path)

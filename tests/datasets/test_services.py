@@ -1,0 +1,210 @@
+"""Importing task folders, dataset folders and registries into the database."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from apps.core.canonical import canonical_digest
+from apps.core.errors import Conflict, NotFound, ValidationFailed
+from apps.datasets import selectors
+from apps.datasets.harbor_tasks import task_dir_parse
+from apps.datasets.models import Dataset, DatasetVersion, DatasetVersionTask, TaskVersion
+from apps.datasets.services import (
+    dataset_import_dir,
+    dataset_import_registry,
+    dataset_version_resolve,
+    task_version_import_dir,
+    task_version_materialize,
+)
+from apps.objects.models import StoredObject
+from tests.datasets.conftest import EXAMPLE_SLUGS, EXAMPLES, TASK_TOML, write_task
+
+pytestmark = pytest.mark.django_db
+
+
+def _counts() -> dict[str, int]:
+    return {
+        m.__name__: m.objects.count() for m in (TaskVersion, Dataset, DatasetVersion, DatasetVersionTask, StoredObject)
+    }
+
+
+def test_import_examples_folder(alice, examples_copy) -> None:
+    dv, created = dataset_import_dir(org=alice.org, name="examples", version="1.0", path=examples_copy(1))
+    assert created
+    assert dv.reference == "team/examples@1.0"
+    assert dv.task_count == len(EXAMPLE_SLUGS)
+    entries = selectors.dataset_version_entries(dataset_version=dv)
+    assert [e.position for e in entries] == list(range(len(EXAMPLE_SLUGS)))
+    assert [e.task_version.name for e in entries] == [f"synth-examples/{s}" for s in EXAMPLE_SLUGS]
+    assert dv.digest == canonical_digest([e.task_version.digest for e in entries])
+
+    memory = next(e.task_version for e in entries if e.task_version.name.endswith("count-primes-memory"))
+    assert memory.memory_mb == 3072 and memory.cpus == 1 and memory.has_solution and memory.has_dockerfile
+    assert memory.config["environment"]["workdir"] == "/app"
+    assert memory.agent_timeout_sec == 900 and memory.verifier_timeout_sec == 120
+    assert memory.archive.sha256 == memory.digest and memory.archive.org == alice.org
+    offline = TaskVersion.objects.get(org=alice.org, name="synth-examples/offline-checksums")
+    assert offline.config["environment"]["network_mode"] == "no-network"
+    assert "SHA256SUMS" in offline.instruction
+
+
+def test_digests_are_stable_across_copies_with_different_mtimes(alice, examples_copy) -> None:
+    first, created = dataset_import_dir(org=alice.org, name="examples", version="1.0", path=examples_copy(1))
+    before = _counts()
+    again, created_again = dataset_import_dir(org=alice.org, name="examples", version="1.0", path=examples_copy(2))
+    assert created and not created_again
+    assert again.id == first.id and again.digest == first.digest
+    assert _counts() == before
+    # Another version with the same content reuses every task version (same digest, same org).
+    other, created_other = dataset_import_dir(org=alice.org, name="examples", version="1.1", path=examples_copy(3))
+    assert created_other and other.digest == first.digest and other.id != first.id
+    assert TaskVersion.objects.count() == before["TaskVersion"]
+    assert StoredObject.objects.count() == before["StoredObject"]
+
+
+def test_same_version_with_different_content_conflicts(alice, examples_copy) -> None:
+    dataset_import_dir(org=alice.org, name="examples", version="1.0", path=examples_copy(1))
+    changed = examples_copy(2)
+    (changed / "word-frequencies" / "instruction.md").write_text("Count the words.\n")
+    before = _counts()
+    with pytest.raises(Conflict, match="team/examples@1.0 already exists with different content"):
+        dataset_import_dir(org=alice.org, name="examples", version="1.0", path=changed)
+    assert _counts() == before
+
+
+def _break_missing_test(task: Path) -> str:
+    (task / "tests" / "test.sh").unlink()
+    return "zz-broken/tests/test.sh: missing"
+
+
+def _break_toml_syntax(task: Path) -> str:
+    (task / "task.toml").write_text('schema_version = "1.4"\n[task]\nname = = "x/y"\n')
+    return "zz-broken/task.toml: line 3, column 8: invalid TOML"
+
+
+def _break_toml_type(task: Path) -> str:
+    (task / "task.toml").write_text(TASK_TOML.format(slug="zz-broken").replace("cpus = 1", 'cpus = "many"'))
+    return "zz-broken/task.toml: line 13: [environment].cpus: expected int or float (got 'many')"
+
+
+def _break_missing_instruction(task: Path) -> str:
+    (task / "instruction.md").unlink()
+    return "zz-broken/instruction.md: missing"
+
+
+@pytest.mark.parametrize(
+    "breaker", [_break_missing_test, _break_toml_syntax, _break_toml_type, _break_missing_instruction]
+)
+def test_malformed_task_rejects_the_whole_dataset(alice, examples_copy, breaker) -> None:
+    root = examples_copy(1)
+    # Sorted last, so every valid task before it has been parsed: still nothing is stored.
+    expected = breaker(write_task(root, "zz-broken"))
+    before = _counts()
+    with pytest.raises(ValidationFailed) as info:
+        dataset_import_dir(org=alice.org, name="examples", version="1.0", path=root)
+    assert info.value.message.startswith(expected), info.value.message
+    assert _counts() == before
+
+
+def test_folder_without_tasks_is_rejected(alice, tmp_path) -> None:
+    with pytest.raises(ValidationFailed, match="no task folders found"):
+        dataset_import_dir(org=alice.org, name="empty", version="1", path=tmp_path)
+
+
+def test_bad_name_or_version(alice, tmp_path) -> None:
+    with pytest.raises(ValidationFailed) as info:
+        dataset_import_dir(org=alice.org, name="a/b", version="1", path=tmp_path)
+    assert info.value.field == "name"
+    with pytest.raises(ValidationFailed) as info:
+        dataset_import_dir(org=alice.org, name="ok", version="1@2", path=tmp_path)
+    assert info.value.field == "version"
+
+
+def test_registry_import_matches_folder_import(alice, examples_copy) -> None:
+    folder_dv, _ = dataset_import_dir(org=alice.org, name="examples", version="1.0", path=examples_copy(1))
+    registry_dv, created = dataset_import_registry(
+        org=alice.org, registry_path=EXAMPLES / "registry.json", name="examples", version="1.1"
+    )
+    # A single-dataset registry is imported under the caller's version label.
+    assert created and registry_dv.reference == "team/examples@1.1"
+    assert registry_dv.digest == folder_dv.digest
+
+
+def test_registry_git_url_is_rejected(alice, tmp_path) -> None:
+    shutil.copytree(EXAMPLES / "tasks" / "implement-roman", tmp_path / "tasks" / "implement-roman")
+    registry = tmp_path / "registry.json"
+    registry.write_text(
+        json.dumps(
+            [
+                {
+                    "name": "mixed",
+                    "version": "1",
+                    "description": "",
+                    "tasks": [
+                        {"name": "roman", "path": "tasks/implement-roman"},
+                        {
+                            "name": "remote",
+                            "path": "t",
+                            "git_url": "https://github.com/o/r.git",
+                            "git_commit_id": "abc",
+                        },
+                    ],
+                }
+            ]
+        )
+    )
+    before = _counts()
+    with pytest.raises(
+        ValidationFailed, match=r"registry.json: mixed@1: tasks\[1\] \(remote\): git_url .* not supported"
+    ):
+        dataset_import_registry(org=alice.org, registry_path=registry, name="mixed", version="1")
+    assert _counts() == before
+
+
+def test_resolve(alice, bob, examples_copy) -> None:
+    dv, _ = dataset_import_dir(org=alice.org, name="examples", version="1.0", path=examples_copy(1))
+    assert dataset_version_resolve(org=alice.org, reference="team/examples@1.0") == dv
+    for bad in ("examples@1.0", "team/examples", "team/examples@", "a/b/c@1", ""):
+        with pytest.raises(ValidationFailed, match="expected ORG/NAME@VERSION"):
+            dataset_version_resolve(org=alice.org, reference=bad)
+    with pytest.raises(NotFound, match="dataset team/examples@2.0 not found"):
+        dataset_version_resolve(org=alice.org, reference="team/examples@2.0")
+    # Another org cannot see it, whether it names alice's org or its own.
+    for reference in ("team/examples@1.0", "rival/examples@1.0"):
+        with pytest.raises(NotFound):
+            dataset_version_resolve(org=bob.org, reference=reference)
+
+
+def test_task_version_import_is_idempotent_and_materializes(alice, bob, tmp_path) -> None:
+    task = write_task(tmp_path / "src", "hello")
+    tv = task_version_import_dir(org=alice.org, path=task)
+    assert task_version_import_dir(org=alice.org, path=task).id == tv.id
+    # Same content in another org: a separate row (and a separate object reference).
+    tv_bob = task_version_import_dir(org=bob.org, path=task)
+    assert tv_bob.id != tv.id and tv_bob.digest == tv.digest and tv_bob.archive.org == bob.org
+    unpacked = task_version_materialize(task_version=tv, dest=tmp_path / "out" / "hello")
+    assert task_dir_parse(unpacked).digest == tv.digest
+    assert (unpacked / "tests" / "test.sh").stat().st_mode & 0o111
+
+
+def test_import_command(alice, examples_copy, capsys) -> None:
+    path = examples_copy(1)
+    call_command("import_dataset", "--org", "team", "--name", "examples", "--version", "1.0", str(path))
+    out = capsys.readouterr().out
+    assert f"team/examples@1.0 imported: {len(EXAMPLE_SLUGS)} tasks" in out
+    call_command(
+        "import_dataset", "--org", "team", "--name", "examples", "--version", "1.0", str(EXAMPLES / "registry.json")
+    )
+    assert "already present" in capsys.readouterr().out
+    with pytest.raises(CommandError, match="no organization 'nope'"):
+        call_command("import_dataset", "--org", "nope", "--name", "x", "--version", "1", str(path))
+    broken = path.parent / "broken"
+    write_task(broken, "hello")
+    (broken / "hello" / "instruction.md").unlink()
+    with pytest.raises(CommandError, match="hello/instruction.md: missing"):
+        call_command("import_dataset", "--org", "team", "--name", "x", "--version", "1", str(broken))

@@ -1,0 +1,45 @@
+"""Builders of pinned inputs (dataset versions, profile versions) straight from models,
+so that runs tests do not depend on the import and publish paths tested elsewhere."""
+from __future__ import annotations
+
+from typing import Any
+
+from apps.accounts.models import Organization
+from apps.core.canonical import canonical_bytes, canonical_digest, sha256_hex
+from apps.datasets.models import Dataset, DatasetVersion, DatasetVersionTask, TaskVersion
+from apps.objects.services import object_put
+from apps.profiles.models import AgentProfile, ProfileVersion
+
+NOOP_RECIPE: dict[str, Any] = {"engine": {"name": "nop", "version": "1"}, "limits": {"timeout_sec": 60}}
+
+
+def make_dataset_version(*, org: Organization, name: str = "evaluation", version: str = "v1", tasks: int = 2) -> DatasetVersion:
+    dataset, _ = Dataset.objects.get_or_create(org=org, name=name)
+    digests = []
+    task_versions = []
+    for i in range(tasks):
+        archive = object_put(org=org, data=f"{name}-{version}-task-{i}".encode())
+        tv = TaskVersion.objects.create(
+            org=org,
+            name=f"examples/task-{i}",
+            digest=archive.sha256,
+            archive=archive,
+            config={},
+            instruction="do it",
+            verifier_timeout_sec=60,
+        )
+        task_versions.append(tv)
+        digests.append(tv.digest)
+    dsv = DatasetVersion.objects.create(
+        dataset=dataset, version=version, digest=canonical_digest(digests), task_count=tasks
+    )
+    for i, tv in enumerate(task_versions):
+        DatasetVersionTask.objects.create(dataset_version=dsv, position=i, task_version=tv)
+    return dsv
+
+
+def make_profile_version(*, org: Organization, name: str = "noop", recipe: dict[str, Any] | None = None) -> ProfileVersion:
+    profile, _ = AgentProfile.objects.get_or_create(org=org, name=name)
+    data = canonical_bytes(recipe or NOOP_RECIPE)
+    version = (profile.versions.order_by("-version").values_list("version", flat=True).first() or 0) + 1
+    return ProfileVersion.objects.create(profile=profile, version=version, canonical=data, digest=sha256_hex(data))

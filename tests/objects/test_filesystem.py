@@ -1,0 +1,244 @@
+"""The storage contract on the filesystem backend, through services and the REST API."""
+from __future__ import annotations
+
+import os
+
+import httpx
+import pytest
+
+from apps.core.errors import Forbidden, NotFound
+from apps.objects.models import StoredObject, UploadGrant
+from apps.objects.services import (
+    object_commit,
+    object_open,
+    object_put,
+    object_read,
+    object_read_grant,
+    object_upload_grant,
+)
+from apps.objects.store import ChecksumMismatch, ObjectCorrupt, UploadMissing, object_key
+from tests.objects.conftest import local, sha
+
+pytestmark = pytest.mark.django_db
+
+
+def leftovers(store) -> list[str]:
+    tmp = store.root / "tmp"
+    return os.listdir(tmp) if tmp.exists() else []
+
+
+def test_put_is_content_addressed_create_only_and_idempotent(fs_store, alice):
+    obj = object_put(org=alice.org, data=b"hello", content_type="text/plain")
+    assert obj.key == f"sha256/{sha(b'hello')}"
+    assert (fs_store.root / obj.key).read_bytes() == b"hello"
+    assert object_read(obj=obj) == b"hello"
+    with object_open(obj=obj) as stream:
+        assert stream.read() == b"hello"
+
+    # Same bytes again: already present, same reference, nothing rewritten.
+    inode = (fs_store.root / obj.key).stat().st_ino
+    assert fs_store.put(sha256=obj.sha256, size=5, body=b"hello", content_type="text/plain") == "present"
+    assert object_put(org=alice.org, data=b"hello").id == obj.id
+    assert (fs_store.root / obj.key).stat().st_ino == inode
+
+    # Other bytes under that key: refused before anything is linked; the object is intact.
+    with pytest.raises(ChecksumMismatch):
+        fs_store.put(sha256=obj.sha256, size=5, body=b"HELLO", content_type="text/plain")
+    with pytest.raises(ChecksumMismatch):
+        fs_store.put(sha256=obj.sha256, size=None, body=b"hello!", content_type="text/plain")
+    assert (fs_store.root / obj.key).read_bytes() == b"hello"
+    assert leftovers(fs_store) == []
+
+
+def test_a_mismatched_put_of_a_new_key_leaves_no_file(fs_store):
+    digest = sha(b"declared")
+    with pytest.raises(ChecksumMismatch):
+        fs_store.put(sha256=digest, size=8, body=b"actually", content_type="text/plain")
+    assert not (fs_store.root / object_key(digest)).exists()
+    assert leftovers(fs_store) == []
+
+
+def test_existing_bytes_that_do_not_match_are_never_overwritten(fs_store, alice):
+    digest = sha(b"good")
+    path = fs_store.root / object_key(digest)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"evil")  # written behind the store's back
+    with pytest.raises(ObjectCorrupt):
+        object_put(org=alice.org, data=b"good")
+    assert path.read_bytes() == b"evil"
+    assert not StoredObject.objects.filter(sha256=digest).exists()
+
+
+def test_grant_upload_then_commit_after_verify(fs_store, alice):
+    data = b"x" * 3000
+    r = alice.client.post(
+        "/api/objects/uploads", {"sha256": sha(data), "size": len(data), "content_type": "text/plain"}, format="json"
+    )
+    assert r.status_code == 201, r.json()
+    grant = r.json()
+    assert grant["method"] == "PUT" and grant["url"].startswith("http://") and "sig=" in grant["url"]
+    assert set(grant) >= {"grant_id", "url", "method", "headers", "expires_at"}
+
+    # Committing before the upload verifies nothing, so commits nothing.
+    r = alice.client.post(f"/api/objects/uploads/{grant['grant_id']}/commit")
+    assert r.status_code == 409 and r.json()["error"]["type"] == "upload_missing"
+    assert not StoredObject.objects.exists()
+
+    anonymous = alice.client.__class__()  # the signature is the only authority
+    r = anonymous.put(local(grant["url"]), data=data, content_type="text/plain")
+    assert r.status_code == 201, r.content
+    assert r.json() == {"status": "created"}
+
+    r = alice.client.post(f"/api/objects/uploads/{grant['grant_id']}/commit")
+    assert r.status_code == 201, r.json()
+    assert r.json()["sha256"] == sha(data) and r.json()["size"] == 3000
+    assert r.json()["key"] == f"sha256/{sha(data)}"
+    # A retried commit is the same object.
+    r2 = alice.client.post(f"/api/objects/uploads/{grant['grant_id']}/commit")
+    assert r2.status_code == 200 and r2.json()["id"] == r.json()["id"]
+
+    r = alice.client.get(f"/api/objects/{sha(data)}")
+    assert r.status_code == 200
+    body = r.json()
+    assert body["size"] == 3000 and body["content_type"] == "text/plain"
+    content = anonymous.get(local(body["read"]["url"]))
+    assert content.status_code == 200
+    assert b"".join(content.streaming_content) == data
+    assert content["Content-Type"] == "text/plain"
+
+
+def test_grant_upload_with_the_wrong_bytes_commits_nothing(fs_store, alice):
+    data = b"the declared bytes"
+    issued = object_upload_grant(org=alice.org, sha256=sha(data), size=len(data), content_type="text/plain")
+    url = local(issued.request.url)
+
+    r = alice.client.put(url, data=b"THE DECLARED BYTES", content_type="text/plain")  # same size
+    assert r.status_code == 400 and r.json()["error"]["type"] == "checksum_mismatch"
+    r = alice.client.put(url, data=data + b"!", content_type="text/plain")  # too long
+    assert r.status_code == 400
+    assert not (fs_store.root / object_key(sha(data))).exists()
+    assert leftovers(fs_store) == []
+
+    with pytest.raises(UploadMissing):
+        object_commit(org=alice.org, grant=issued.grant)
+    assert not StoredObject.objects.exists()
+    assert UploadGrant.objects.get(pk=issued.grant.pk).committed_at is None
+
+
+def test_upload_endpoint_rejects_bad_and_expired_signatures(fs_store, alice, settings):
+    data = b"signed"
+    issued = object_upload_grant(org=alice.org, sha256=sha(data), size=len(data))
+    other = object_upload_grant(org=alice.org, sha256=sha(b"other"), size=5)
+    path, _, query = local(issued.request.url).partition("?")
+    sig = query.removeprefix("sig=")
+
+    cases = {
+        "no signature": path,
+        "tampered": f"{path}?sig={sig[:-2]}xx",
+        "another grant's": f"{path}?{local(other.request.url).partition('?')[2]}",
+    }
+    for name, url in cases.items():
+        r = alice.client.put(url, data=data, content_type="application/octet-stream")
+        assert r.status_code == 403, name
+        assert r.json()["error"]["type"] == "permission_denied"
+
+    settings.SYNTH_GRANT_TTL_SECONDS = -1
+    expired = object_upload_grant(org=alice.org, sha256=sha(data), size=len(data))
+    r = alice.client.put(local(expired.request.url), data=data, content_type="application/octet-stream")
+    assert r.status_code == 403 and "expired" in r.json()["error"]["message"]
+    assert not (fs_store.root / object_key(sha(data))).exists()
+
+
+def test_read_grants_are_per_org(fs_store, alice, bob, settings):
+    obj = object_put(org=alice.org, data=b"alice's", content_type="text/plain")
+    grant = object_read_grant(org=alice.org, sha256=obj.sha256)
+
+    assert bob.client.get(f"/api/objects/{obj.sha256}").status_code == 404
+    with pytest.raises(NotFound):
+        object_read_grant(org=bob.org, sha256=obj.sha256)
+
+    path, _, query = local(grant.request.url).partition("?")
+    anonymous = bob.client.__class__()
+    assert b"".join(anonymous.get(local(grant.request.url)).streaming_content) == b"alice's"
+    assert anonymous.get(path).status_code == 403
+    assert anonymous.get(f"{path}?{query[:-3]}abc").status_code == 403
+    # A read grant names one object: it does not open another.
+    other = object_put(org=alice.org, data=b"other")
+    assert anonymous.get(f"/api/objects/{other.sha256}/content?{query}").status_code == 403
+
+    settings.SYNTH_GRANT_TTL_SECONDS = -1
+    expired = object_read_grant(org=alice.org, sha256=obj.sha256)
+    assert anonymous.get(local(expired.request.url)).status_code == 403
+
+    # Deleting the org's reference revokes its outstanding read grants.
+    obj.delete()
+    assert anonymous.get(local(grant.request.url)).status_code == 404
+
+
+def test_knowing_a_digest_is_not_enough_to_claim_an_object(fs_store, alice, bob):
+    data = b"secret of alice"
+    object_put(org=alice.org, data=data)
+
+    r = bob.client.post("/api/objects/uploads", {"sha256": sha(data), "size": len(data)}, format="json")
+    grant_id, grant_url = r.json()["grant_id"], r.json()["url"]
+    # Bob cannot commit without sending the bytes, although they are in the store...
+    r = bob.client.post(f"/api/objects/uploads/{grant_id}/commit")
+    assert r.status_code == 409
+    assert not StoredObject.objects.filter(org=bob.org).exists()
+    # ... nor touch Alice's grants.
+    alice_grant = object_upload_grant(org=alice.org, sha256=sha(data), size=len(data))
+    assert bob.client.post(f"/api/objects/uploads/{alice_grant.grant.id}/commit").status_code == 404
+    with pytest.raises(NotFound):
+        object_commit(org=bob.org, grant=alice_grant.grant)
+
+    # Uploading the same bytes proves he holds them: already present, then committed.
+    upload = bob.client.put(local(grant_url), data=data, content_type="application/octet-stream")
+    assert upload.status_code == 200 and upload.json() == {"status": "present"}
+    assert bob.client.post(f"/api/objects/uploads/{grant_id}/commit").status_code == 201
+    assert StoredObject.objects.filter(sha256=sha(data)).count() == 2
+
+
+def test_members_need_write_access_to_upload(fs_store, viewer):
+    r = viewer.client.post("/api/objects/uploads", {"sha256": "a" * 64, "size": 1}, format="json")
+    assert r.status_code == 403
+
+
+def test_grant_input_is_validated(fs_store, alice):
+    r = alice.client.post("/api/objects/uploads", {"sha256": "xyz", "size": 1}, format="json")
+    assert r.status_code == 400 and r.json()["error"]["field"] == "sha256"
+    r = alice.client.post("/api/objects/uploads", {"sha256": "a" * 64, "size": -1}, format="json")
+    assert r.status_code == 400 and r.json()["error"]["field"] == "size"
+    r = alice.client.post("/api/objects/uploads", {"sha256": "a" * 64, "size": 2 * 1024**4}, format="json")
+    assert r.status_code == 400 and r.json()["error"]["field"] == "size"
+
+
+def test_signed_helpers_refuse_garbage():
+    from apps.objects.store import token_load
+
+    with pytest.raises(Forbidden):
+        token_load(purpose="upload", token="not-a-token")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_presigned_urls_work_over_real_http(fs_store, alice, live_server, settings):
+    """The grant URLs are plain HTTP requests: httpx against a live server, no token."""
+    settings.SYNTH_PUBLIC_URL = live_server.url
+    data = os.urandom(200_000)
+    r = alice.client.post("/api/objects/uploads", {"sha256": sha(data), "size": len(data)}, format="json")
+    grant = r.json()
+    bad = httpx.put(grant["url"], content=os.urandom(len(data)), headers=grant["headers"])
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "checksum_mismatch"
+    ok = httpx.put(grant["url"], content=data, headers=grant["headers"])
+    assert ok.status_code == 201, ok.text
+    assert alice.client.post(f"/api/objects/uploads/{grant['grant_id']}/commit").status_code == 201
+    read = alice.client.get(f"/api/objects/{sha(data)}").json()["read"]
+    got = httpx.get(read["url"])
+    assert got.status_code == 200 and got.content == data
+
+
+def test_an_empty_object_round_trips(fs_store, alice):
+    issued = object_upload_grant(org=alice.org, sha256=sha(b""), size=0)
+    r = alice.client.__class__().put(local(issued.request.url), data=b"", content_type="application/octet-stream")
+    assert r.status_code == 201, r.content
+    obj = object_commit(org=alice.org, grant=issued.grant)
+    assert obj.size == 0 and object_read(obj=obj) == b""

@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from django.db import connections, transaction
+
+from apps.runs.models import RunEvent
+from apps.runs.services import event_append, run_cancel
+
+
+def test_events_page_in_order_from_a_cursor(db, alice, inputs):
+    run_id = alice.client.post("/api/runs", inputs["body"], format="json").json()["id"]
+    for i in range(7):
+        with transaction.atomic():
+            event_append(run_id=run_id, type="progress.tick", data={"i": i})
+    page = alice.client.get(f"/api/runs/{run_id}/events?after=0&limit=3").json()
+    assert [e["seq"] for e in page["results"]] == [1, 2, 3]
+    assert page["has_more"] is True and page["after"] == 3
+    seqs = [e["seq"] for e in page["results"]]
+    while page["has_more"]:
+        page = alice.client.get(f"/api/runs/{run_id}/events?after={page['after']}&limit=3").json()
+        seqs += [e["seq"] for e in page["results"]]
+    assert seqs == list(range(1, 9))
+    assert alice.client.get(f"/api/runs/{run_id}/events?after=-1").status_code == 400
+
+
+def _sse_events(response: httpx.Response):
+    """Parse a server-sent event stream into dicts {id, event, data}."""
+    event: dict[str, str] = {}
+    for line in response.iter_lines():
+        if line == "":
+            if "data" in event:
+                yield event
+            event = {}
+        elif line.startswith(":"):
+            continue
+        else:
+            name, _, value = line.partition(":")
+            event[name] = value.removeprefix(" ")
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_follow_resumes_after_a_dropped_connection_without_gap_or_duplicate(live_server, alice, inputs):
+    run_id = alice.client.post("/api/runs", inputs["body"], format="json").json()["id"]
+    total = 40
+
+    def produce() -> None:
+        try:
+            for i in range(total):
+                with transaction.atomic():
+                    event_append(run_id=run_id, type="progress.tick", data={"i": i})
+                time.sleep(0.01)
+            run_cancel(org=alice.org, run_id=run_id, reason="end of test")
+        finally:
+            connections.close_all()
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    url = f"{live_server.url}/api/runs/{run_id}/events"
+    headers = {"Authorization": f"Bearer {alice.secret}"}
+    seen: list[int] = []
+    ended = False
+    drops = 0
+    with httpx.Client(timeout=30) as http:
+        last_id = None
+        while not ended:
+            h = dict(headers)
+            if last_id is not None:
+                h["Last-Event-ID"] = last_id
+            with http.stream("GET", url, params={"follow": 1}, headers=h) as resp:
+                assert resp.status_code == 200
+                assert resp.headers["content-type"].startswith("text/event-stream")
+                for event in _sse_events(resp):
+                    if event.get("event") == "end":
+                        ended = True
+                        assert json.loads(event["data"])["status"] == "cancelled"
+                        break
+                    seen.append(int(event["id"]))
+                    last_id = event["id"]
+                    # Drop the connection mid-stream, twice, as a flaky network would.
+                    if len(seen) in (5, 17):
+                        drops += 1
+                        break
+    producer.join()
+    stored = list(RunEvent.objects.filter(run_id=run_id).order_by("seq").values_list("seq", flat=True))
+    assert drops == 2
+    assert seen == stored  # every event once, in order, across both reconnects
+    assert len(seen) == total + 2  # run.created + ticks + run.cancelled
+
+
+@pytest.mark.django_db
+def test_long_poll_returns_when_events_exist(alice, inputs):
+    run_id = alice.client.post("/api/runs", inputs["body"], format="json").json()["id"]
+    resp = alice.client.get(f"/api/runs/{run_id}/events?after=1&wait=0.5")
+    assert resp.json()["results"] == []
+    run_cancel(org=alice.org, run_id=run_id)
+    page = alice.client.get(f"/api/runs/{run_id}/events?after=1&wait=5").json()
+    assert [e["type"] for e in page["results"]] == ["run.cancelled"]
+    assert page["ended"] is True
