@@ -58,3 +58,20 @@ def bob(db) -> Member:
 def worker_client(db) -> APIClient:
     worker = worker_get_or_create(name="test-worker")
     return make_client(worker_token_issue(worker=worker).secret)
+
+
+@pytest.fixture
+def inputs(alice) -> dict:
+    """A dataset version and an actor profile version of alice's org, and a valid run body."""
+    from tests.factories import make_dataset_version, make_profile_version
+
+    dsv = make_dataset_version(org=alice.org)
+    actor = make_profile_version(org=alice.org)
+    body = {
+        "kind": "evaluate",
+        "dataset": dsv.reference,
+        "actor": {"profile": actor.profile.name, "version": actor.version},
+        "judge": None,
+        "plan": {"attempts_per_task": 2},
+    }
+    return {"dataset_version": dsv, "actor": actor, "body": body}

@@ -1,0 +1,282 @@
+"""The Harbor agent that executes a launch plan (see apps.profiles.launcher).
+
+One class for every engine: the recipe was already interpreted by the launcher, so
+this only carries the plan out inside a Harbor environment::
+
+    plan = launch_plan_build(recipe=recipe, bindings=bindings)
+    config = TrialConfig(task=..., agent=recipe_agent_config(plan=plan), environment=...)
+
+or by hand: ``AgentConfig(import_path="apps.runs.agents:RecipeAgent",
+kwargs={"launch_plan": plan.to_dict()}, env={CREDENTIAL_ENV: credential})``.
+
+The credential travels in ``AgentConfig.env`` (never in kwargs): Harbor redacts
+sensitive env names when it writes the trial config and scrubs their values from every
+file of the trial directory, whereas kwargs are written verbatim.
+
+setup: the plan's files and the instruction file are uploaded, then each setup command
+runs in the working directory with its own deadline. run: oracle is Harbor's
+OracleAgent (the task's solution is uploaded to /solution and solve.sh runs), nop does
+nothing, any other engine runs the plan's argv in the working directory with the
+plan's env; stdout+stderr go to /logs/agent/<engine>.txt (claude-code: stdout, the
+stream-json transcript, to /logs/agent/claude-code.jsonl), the exit code to
+/logs/agent/exit-code.txt. A non-zero exit is recorded, not raised (verification decides
+the reward) unless the plan says so. Then the required outputs must exist
+(``RequiredOutputMissing`` otherwise) and are copied to /logs/artifacts/outputs/<path>,
+which Harbor collects as artifacts.
+
+The agent's deadline is Harbor's (``AgentConfig.override_timeout_sec`` =
+``plan.timeout_sec``, scaled by the trial's timeout multiplier), so it is not enforced
+a second time here.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from harbor.agents.base import BaseAgent
+from harbor.agents.installed.base import NonZeroAgentExitCodeError
+from harbor.agents.oracle import OracleAgent
+from harbor.environments.base import BaseEnvironment
+from harbor.models.agent.context import AgentContext
+from harbor.models.trial.config import AgentConfig
+
+from apps.profiles.launcher import AGENT_LOGS_DIR, ARTIFACT_OUTPUTS_DIR, LaunchError, LaunchPlan
+
+IMPORT_PATH = "apps.runs.agents:RecipeAgent"
+# Harbor treats a name containing CREDENTIAL as sensitive (redacted in config.json,
+# scrubbed from the trial directory).
+CREDENTIAL_ENV = "SYNTH_MODEL_CREDENTIAL"
+EXIT_CODE_PATH = f"{AGENT_LOGS_DIR}/exit-code.txt"
+PLAN_PATH = f"{AGENT_LOGS_DIR}/launch-plan.json"
+# argument / stdin delivery read the instruction from here, so a long instruction never
+# has to fit into the `bash -c` string (one argument is limited to 128 KiB on Linux).
+INSTRUCTION_PATH = f"{AGENT_LOGS_DIR}/instruction.txt"
+_TAIL_CHARS = 2000
+_SETUP_GRACE_SEC = 120.0
+
+
+class RequiredOutputMissing(RuntimeError):
+    """The agent finished but a required output (recipe ``outputs``) does not exist."""
+
+    def __init__(self, paths: list[str]) -> None:
+        super().__init__("required output(s) missing after the agent ran: " + ", ".join(paths))
+        self.paths = paths
+
+
+class SetupCommandFailed(RuntimeError):
+    """A recipe setup command exited non-zero or overran its deadline."""
+
+
+def recipe_agent_config(*, plan: LaunchPlan, task_dir: Path | str | None = None) -> AgentConfig:
+    """The Harbor AgentConfig that runs ``plan``, with its deadlines and its credential.
+
+    ``task_dir`` is only needed for the oracle engine when the environment's definition
+    does not live in ``<task_dir>/environment`` (RecipeAgent finds the task from there).
+    """
+    kwargs: dict[str, Any] = {"launch_plan": plan.to_dict()}
+    if task_dir is not None:
+        kwargs["task_dir"] = str(task_dir)
+    return AgentConfig(
+        import_path=IMPORT_PATH,
+        kwargs=kwargs,
+        env={CREDENTIAL_ENV: plan.credential} if plan.credential else {},
+        override_timeout_sec=plan.timeout_sec,
+        # Each setup command has its own deadline; Harbor's phase deadline must cover them all.
+        override_setup_timeout_sec=max(
+            RecipeAgent.DEFAULT_SETUP_TIMEOUT_SEC, plan.setup_timeout_sec * len(plan.setup) + _SETUP_GRACE_SEC
+        ),
+    )
+
+
+def _q(value: str) -> str:
+    return shlex.quote(value)
+
+
+class RecipeAgent(BaseAgent):
+    """Runs a launch plan (``kwargs={"launch_plan": plan.to_dict()}``); see the module docstring."""
+
+    def __init__(
+        self,
+        logs_dir: Path,
+        model_name: str | None = None,
+        *,
+        launch_plan: dict[str, Any],
+        task_dir: Path | str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(logs_dir=logs_dir, model_name=model_name, **kwargs)
+        self.plan = LaunchPlan.from_dict(launch_plan, credential=self._extra_env.get(CREDENTIAL_ENV) or None)
+        if self.plan.needs_credential and not self.plan.credential:
+            # Fail at Trial.create, not minutes later inside the sandbox.
+            raise LaunchError(
+                f"the launch plan needs the scoped model credential in AgentConfig.env[{CREDENTIAL_ENV!r}]",
+                field="bindings.credential",
+            )
+        self._task_dir = Path(task_dir) if task_dir is not None else None
+        self._digest = self.plan.digest()
+
+    @staticmethod
+    def name() -> str:
+        return "synth-recipe"
+
+    def version(self) -> str:
+        return f"{self.plan.engine}@{self.plan.engine_version}"
+
+    # ------------------------------------------------------------ setup
+
+    async def _root(self, environment: BaseEnvironment, command: str, *, timeout_sec: int = 60) -> None:
+        result = await environment.exec(command, timeout_sec=timeout_sec, user="root")
+        if result.return_code != 0:
+            raise SetupCommandFailed(
+                f"{command!r} exited {result.return_code}: {self._tail(result.stdout, result.stderr)}"
+            )
+
+    async def _upload_text(self, environment: BaseEnvironment, *, path: str, content: str, mode: str) -> None:
+        # upload_file rather than a heredoc in exec: content can be anything (quotes,
+        # NULs aside) and large, and it never appears in a command line or exec log.
+        with tempfile.TemporaryDirectory() as tmp:
+            source = Path(tmp) / "content"
+            source.write_text(content, encoding="utf-8")
+            await environment.upload_file(source_path=source, target_path=path)
+        await self._root(environment, f"chmod {mode} {_q(path)}")
+
+    async def setup(self, environment: BaseEnvironment) -> None:
+        plan = self.plan
+        uploads = [(f.path, f.content, f.mode) for f in plan.files]
+        if plan.instruction_via == "file":
+            uploads.append((plan.instruction_path, plan.instruction, "0644"))
+        elif plan.instruction_via in ("argument", "stdin"):
+            uploads.append((INSTRUCTION_PATH, plan.instruction, "0644"))
+        dirs = {AGENT_LOGS_DIR, plan.workdir, *(str(Path(path).parent) for path, _, _ in uploads)}
+        if "CLAUDE_CONFIG_DIR" in plan.env:
+            dirs.add(plan.env["CLAUDE_CONFIG_DIR"])
+        await self._root(environment, "mkdir -p " + " ".join(_q(d) for d in sorted(dirs)))
+        await self._upload_text(
+            environment, path=PLAN_PATH, content=json.dumps(plan.to_dict(), indent=2, sort_keys=True), mode="0644"
+        )
+        for path, content, mode in uploads:
+            await self._upload_text(environment, path=path, content=content, mode=mode)
+        user = environment.default_user
+        if user not in (None, "root", 0):
+            # Uploads land as root; the agent (the task's [agent].user) must own its files.
+            owned = [plan.workdir, *(path for path, _, _ in uploads)]
+            if "CLAUDE_CONFIG_DIR" in plan.env:
+                owned.append(plan.env["CLAUDE_CONFIG_DIR"])
+            await self._root(environment, f"chown -R {_q(str(user))} " + " ".join(_q(p) for p in owned))
+
+        env = plan.exec_env()
+        for i, command in enumerate(plan.setup):
+            script = f"cd {_q(plan.workdir)} || exit $?\n{command}"
+            try:
+                result = await environment.exec(script, env=env, timeout_sec=int(plan.setup_timeout_sec))
+            except TimeoutError as exc:  # asyncio.TimeoutError is TimeoutError on 3.11+
+                raise SetupCommandFailed(
+                    f"setup[{i}] {plan.redact(command)!r} did not finish within {plan.setup_timeout_sec:g}s"
+                ) from exc
+            if result.return_code != 0:
+                raise SetupCommandFailed(
+                    f"setup[{i}] {plan.redact(command)!r} exited {result.return_code}: "
+                    f"{plan.redact(self._tail(result.stdout, result.stderr))}"
+                )
+
+    @staticmethod
+    def _tail(stdout: str | None, stderr: str | None) -> str:
+        text = "\n".join(part for part in (stdout, stderr) if part).strip()
+        return ("..." + text[-_TAIL_CHARS:]) if len(text) > _TAIL_CHARS else (text or "(no output)")
+
+    # ------------------------------------------------------------ run
+
+    def _command(self) -> str:
+        """The shell command that runs the engine: cd, argv, instruction, redirections, exit code."""
+        plan = self.plan
+        argv = [_q(part) for part in plan.argv]
+        if plan.instruction_via == "argument":
+            # The plan's last argv element is the instruction; read it from the uploaded
+            # file instead of inlining it (same value, no command-line size limit).
+            argv[-1] = f'"$(cat {_q(INSTRUCTION_PATH)})"'
+        stdin = INSTRUCTION_PATH if plan.instruction_via == "stdin" else "/dev/null"
+        if plan.transcript_path:
+            outputs = f"> {_q(plan.transcript_path)} 2> {_q(plan.log_path)}"
+        else:
+            outputs = f"> {_q(plan.log_path)} 2>&1"
+        # stdin is never inherited: `claude --print` would wait on an open pipe.
+        return (
+            f"cd {_q(plan.workdir)} && {' '.join(argv)} < {_q(stdin)} {outputs}; "
+            f"rc=$?; echo $rc > {_q(EXIT_CODE_PATH)}; exit $rc"
+        )
+
+    def _argv_for_record(self) -> list[str]:
+        argv = [self.plan.redact(part) for part in self.plan.argv]
+        if self.plan.instruction_via == "argument" and argv:
+            argv[-1] = f"<instruction: {len(self.plan.instruction)} chars>"
+        return argv
+
+    def _find_task_dir(self, environment: BaseEnvironment) -> Path:
+        # Harbor hands task_dir only to its own "oracle"; an import-path agent finds the
+        # task through the environment definition, <task>/environment.
+        candidates = [self._task_dir] if self._task_dir is not None else []
+        candidates.append(Path(environment.environment_dir).parent)
+        for candidate in candidates:
+            if (candidate / "task.toml").is_file():
+                return candidate
+        raise LaunchError(
+            "engine oracle: cannot find the task directory (pass task_dir in the agent kwargs)", field="engine.name"
+        )
+
+    async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
+        plan = self.plan
+        if plan.instruction_via != "none" and instruction.strip() != plan.instruction.strip():
+            # The plan is what was decided (and stored); it is what the agent gets.
+            self.logger.warning("trial instruction differs from the launch plan's; delivering the plan's")
+        metadata: dict[str, Any] = {
+            "engine": plan.engine,
+            "engine_version": plan.engine_version,
+            "argv": self._argv_for_record(),
+            "launch_plan_digest": self._digest,
+            "correlation_id": plan.correlation_id,
+            "exit_code": None,
+        }
+        context.metadata = {**(context.metadata or {}), **metadata}
+
+        exit_code: int | None = None
+        if plan.engine == "oracle":
+            oracle = OracleAgent(
+                logs_dir=self.logs_dir,
+                task_dir=self._find_task_dir(environment),
+                trial_paths=environment.trial_paths,
+                logger=self.logger,
+            )
+            await oracle.run(instruction, environment, context)
+            # OracleAgent writes the exit code on the host side, and only when non-zero.
+            host_exit = self.logs_dir / "exit-code.txt"
+            exit_code = int(host_exit.read_text().strip()) if host_exit.is_file() else 0
+        elif plan.engine != "nop":
+            result = await environment.exec(self._command(), env=plan.exec_env())
+            exit_code = result.return_code
+        context.metadata["exit_code"] = exit_code
+
+        await self._outputs_collect(environment)
+        if exit_code and plan.fail_on_nonzero_exit:
+            raise NonZeroAgentExitCodeError(f"{plan.engine} exited {exit_code} (the recipe fails on a non-zero exit)")
+
+    async def _outputs_collect(self, environment: BaseEnvironment) -> None:
+        missing = []
+        for path in self.plan.outputs:
+            probe = await environment.exec(f"test -e {_q(path)}", timeout_sec=30)
+            if probe.return_code != 0:
+                missing.append(path)
+        # Copy what exists even when something is missing: partial outputs help debugging.
+        for path in self.plan.outputs:
+            if path in missing:
+                continue
+            target = f"{ARTIFACT_OUTPUTS_DIR}/{path.lstrip('/')}"
+            await self._root(
+                environment,
+                f"mkdir -p {_q(str(Path(target).parent))} && rm -rf {_q(target)} && cp -a {_q(path)} {_q(target)}",
+                timeout_sec=300,
+            )
+        if missing:
+            raise RequiredOutputMissing(missing)

@@ -1,0 +1,87 @@
+"""Resource-aware admission: trials wait for what they need, FIFO within what fits."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from apps.runs.admission import (
+    Budget,
+    Need,
+    NeverFits,
+    admission_release,
+    admission_request,
+    admission_try,
+    node_register,
+    node_usage,
+)
+from apps.runs.execution import run_dispatch
+from apps.runs.models import Reservation, Trial
+from apps.runs.services import run_schedule
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def trials(alice, inputs):
+    body = dict(inputs["body"], plan={"attempts_per_task": 4})
+    run_id = alice.client.post("/api/runs", body, format="json").json()["id"]
+    run_schedule(run_id=run_id)
+    run_dispatch(run_id=run_id)
+    return list(Trial.objects.filter(run_id=run_id).order_by("id"))
+
+
+@pytest.fixture
+def node():
+    return node_register(name="n1", budget=Budget(slots=4, cpus=8, memory_mb=4096, storage_mb=100_000))
+
+
+HEAVY = Need(cpus=1, memory_mb=1536, storage_mb=100)
+LIGHT = Need(cpus=1, memory_mb=256, storage_mb=100)
+
+
+def test_memory_fills_while_slots_remain_and_the_next_heavy_trial_waits(trials, node):
+    reservations = [admission_request(node=node, trial=t, need=HEAVY) for t in trials[:3]]
+    granted = [admission_try(reservation=r) for r in reservations]
+    assert granted == [True, True, False]
+    usage = node_usage(node=node)
+    assert usage["slots"] == 2 < node.slots  # slots remain free...
+    assert usage["memory_mb"] == 3072  # ...but memory does not have room for another 1536
+    assert usage["waiting"] == 1
+    # It waits, it does not fail; once memory is released it gets in.
+    admission_release(reservation=reservations[0])
+    assert admission_try(reservation=reservations[2]) is True
+
+
+def test_fifo_within_what_fits_lets_small_trials_pass_then_ages(trials, node):
+    big = [admission_request(node=node, trial=t, need=HEAVY) for t in trials[:2]]
+    assert all(admission_try(reservation=r) for r in big)
+    waiting_big = admission_request(node=node, trial=trials[2], need=HEAVY)
+    assert admission_try(reservation=waiting_big) is False
+    small = admission_request(node=node, trial=trials[3], need=LIGHT)
+    assert admission_try(reservation=small) is True  # fits in what is left: it may pass
+    admission_release(reservation=small)
+    # Once the big one has waited long enough, nothing behind it may pass any more.
+    Reservation.objects.filter(pk=waiting_big.pk).update(created_at=timezone.now() - timedelta(minutes=5))
+    other = admission_request(node=node, trial=trials[3], need=LIGHT)
+    assert admission_try(reservation=other) is False
+    admission_release(reservation=big[0])
+    assert admission_try(reservation=waiting_big) is True
+
+
+def test_slots_bound_light_trials(trials, alice, inputs):
+    node = node_register(name="n2", budget=Budget(slots=2, cpus=8, memory_mb=8192, storage_mb=100_000))
+    rs = [admission_request(node=node, trial=t, need=LIGHT) for t in trials[:3]]
+    assert [admission_try(reservation=r) for r in rs] == [True, True, False]
+
+
+def test_a_need_beyond_the_whole_budget_is_refused_at_once(trials, node):
+    with pytest.raises(NeverFits, match="8192 MB memory"):
+        admission_request(node=node, trial=trials[0], need=Need(cpus=1, memory_mb=8192, storage_mb=1))
+
+
+def test_requests_are_idempotent_per_trial(trials, node):
+    a = admission_request(node=node, trial=trials[0], need=LIGHT)
+    b = admission_request(node=node, trial=trials[0], need=LIGHT)
+    assert a.pk == b.pk

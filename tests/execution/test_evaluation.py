@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from apps.runs.evaluation import group_summarize, pass_at_k, run_summarize
+
+
+def test_pass_at_k_matches_the_closed_form():
+    assert pass_at_k(n=4, c=0, k=1) == 0.0
+    assert pass_at_k(n=4, c=4, k=1) == 1.0
+    assert pass_at_k(n=4, c=1, k=1) == pytest.approx(0.25)
+    assert pass_at_k(n=4, c=1, k=2) == pytest.approx(0.5)
+    assert pass_at_k(n=4, c=2, k=4) == 1.0
+    assert pass_at_k(n=5, c=2, k=2) == pytest.approx(1 - 3 / 10)
+
+
+def t(group, reward, error="", status="succeeded", name="task"):
+    return SimpleNamespace(group_id=group, reward=reward, error_type=error, status=status,
+                           task_version=SimpleNamespace(name=name))
+
+
+def test_group_and_run_summaries():
+    trials = [t("g1", 1.0, name="a"), t("g1", 0.0, name="a"), t("g2", None, "AgentTimeoutError", "failed", "b"),
+              t("g2", 1.0, name="b")]
+    g = group_summarize(trials=trials[:2])
+    assert g["mean_reward"] == 0.5 and g["passed"] == 1 and g["pass_at_k"]["2"] == 1.0
+    s = run_summarize(trials=trials, scored=True)
+    assert s["mean_reward"] == pytest.approx(0.5)
+    assert s["errors"] == {"AgentTimeoutError": 1}
+    assert s["per_task"]["b"]["mean_reward"] == 0.5
+    assert s["pass_at_k"]["1"] == pytest.approx(0.5)
+    assert "mean_reward" not in run_summarize(trials=trials, scored=False)
