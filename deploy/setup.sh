@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PY=${SYNTH_PYTHON:-}
 if [ -z "$PY" ]; then
   for candidate in python3.12 "$HOME/.pyenv/versions/3.12.1/bin/python" /root/.pyenv/versions/3.12.1/bin/python; do
-    if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
+    if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
       PY=$candidate; break
     fi
   done

@@ -1,4 +1,5 @@
 """Shared fixtures: organizations, members with tokens, API clients."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,5 +1,6 @@
 """Builders of pinned inputs (dataset versions, profile versions) straight from models,
 so that runs tests do not depend on the import and publish paths tested elsewhere."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -13,7 +14,9 @@ from apps.profiles.models import AgentProfile, ProfileVersion
 NOOP_RECIPE: dict[str, Any] = {"engine": {"name": "nop", "version": "1"}, "limits": {"timeout_sec": 60}}
 
 
-def make_dataset_version(*, org: Organization, name: str = "evaluation", version: str = "v1", tasks: int = 2) -> DatasetVersion:
+def make_dataset_version(
+    *, org: Organization, name: str = "evaluation", version: str = "v1", tasks: int = 2
+) -> DatasetVersion:
     dataset, _ = Dataset.objects.get_or_create(org=org, name=name)
     digests = []
     task_versions = []
@@ -38,8 +41,49 @@ def make_dataset_version(*, org: Organization, name: str = "evaluation", version
     return dsv
 
 
-def make_profile_version(*, org: Organization, name: str = "noop", recipe: dict[str, Any] | None = None) -> ProfileVersion:
+def make_profile_version(
+    *, org: Organization, name: str = "noop", recipe: dict[str, Any] | None = None
+) -> ProfileVersion:
     profile, _ = AgentProfile.objects.get_or_create(org=org, name=name)
     data = canonical_bytes(recipe or NOOP_RECIPE)
     version = (profile.versions.order_by("-version").values_list("version", flat=True).first() or 0) + 1
     return ProfileVersion.objects.create(profile=profile, version=version, canonical=data, digest=sha256_hex(data))
+
+
+def make_task_version_unchecked(*, org: Organization, path: Any, name: str) -> TaskVersion:
+    """A task version straight from a folder, skipping import validation: how a task that
+    import would refuse (or one broken later) can still reach a worker in tests."""
+    from pathlib import Path
+
+    from apps.datasets.harbor_tasks import canonical_tar, task_entries_collect
+
+    data = canonical_tar(task_entries_collect(Path(path), label=name))
+    archive = object_put(org=org, data=data)
+    tv, _ = TaskVersion.objects.get_or_create(
+        org=org,
+        digest=archive.sha256,
+        defaults={
+            "name": name,
+            "archive": archive,
+            "config": {},
+            "instruction": "",
+            "verifier_timeout_sec": 60,
+            "agent_timeout_sec": 30,
+            "memory_mb": 512,
+            "storage_mb": 256,
+        },
+    )
+    return tv
+
+
+def make_dataset_of(*, org: Organization, name: str, version: str, task_versions: list[TaskVersion]) -> DatasetVersion:
+    dataset, _ = Dataset.objects.get_or_create(org=org, name=name)
+    dsv = DatasetVersion.objects.create(
+        dataset=dataset,
+        version=version,
+        digest=canonical_digest([t.digest for t in task_versions]),
+        task_count=len(task_versions),
+    )
+    for i, tv in enumerate(task_versions):
+        DatasetVersionTask.objects.create(dataset_version=dsv, position=i, task_version=tv)
+    return dsv

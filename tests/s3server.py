@@ -21,6 +21,7 @@ What moto 5.2 does and does not enforce (checked against it, see tests/objects/t
   (when ``x-amz-sdk-checksum-algorithm`` is sent) and returns it from HeadObject. Hence
   ``SYNTH_S3_VERIFY=download`` here: the store re-hashes bytes itself before any commit.
 """
+
 from __future__ import annotations
 
 import logging

@@ -54,11 +54,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
     ]
     list_filter = ["org", "revoked_at"]
     search_fields = ["prefix", "name", "user__username", "worker__name"]
-    readonly_fields = [
-        f.name
-        for f in ApiToken._meta.fields
-        if f.name not in ("revoked_at", "expires_at", "name")
-    ]
+    readonly_fields = [f.name for f in ApiToken._meta.fields if f.name not in ("revoked_at", "expires_at", "name")]
     exclude = ["token_hash"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -20,15 +20,9 @@ def principal_for_secret(secret: str) -> Principal | None:
     if token is None:
         return None
     if token.worker is not None:
-        return Principal(
-            token=token, org=token.worker.org, role=None, worker=token.worker
-        )
-    membership = (
-        Membership.objects.filter(org=token.org, user=token.user).only("role").first()
-    )
-    if (
-        membership is None
-    ):  # removed from the organization: the token dies with the membership
+        return Principal(token=token, org=token.worker.org, role=None, worker=token.worker)
+    membership = Membership.objects.filter(org=token.org, user=token.user).only("role").first()
+    if membership is None:  # removed from the organization: the token dies with the membership
         return None
     return Principal(token=token, org=token.org, role=membership.role, worker=None)
 

@@ -28,21 +28,13 @@ class Role(models.TextChoices):
 
 
 class Membership(models.Model):
-    org = models.ForeignKey(
-        Organization, on_delete=models.CASCADE, related_name="memberships"
-    )
-    user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
-    )
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.OPERATOR)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [
-            models.UniqueConstraint(
-                fields=["org", "user"], name="membership_unique_org_user"
-            )
-        ]
+        constraints = [models.UniqueConstraint(fields=["org", "user"], name="membership_unique_org_user")]
 
     def __str__(self) -> str:
         return f"{self.user} in {self.org} ({self.role})"
@@ -115,9 +107,7 @@ class ApiToken(models.Model):
     class Meta:
         constraints = [
             models.CheckConstraint(
-                condition=(
-                    Q(user__isnull=False, org__isnull=False, worker__isnull=True)
-                )
+                condition=(Q(user__isnull=False, org__isnull=False, worker__isnull=True))
                 | Q(user__isnull=True, worker__isnull=False),
                 name="apitoken_user_xor_worker",
             )

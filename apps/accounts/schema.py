@@ -1,4 +1,5 @@
 """OpenAPI description of bearer authentication (imported by AccountsConfig.ready)."""
+
 from __future__ import annotations
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension

@@ -42,20 +42,14 @@ def _new_secret() -> tuple[str, str]:
 
 
 def org_get_or_create(*, slug: str, name: str = "") -> Organization:
-    org, _ = Organization.objects.get_or_create(
-        slug=slug, defaults={"name": name or slug}
-    )
+    org, _ = Organization.objects.get_or_create(slug=slug, defaults={"name": name or slug})
     return org
 
 
 @transaction.atomic
-def membership_set(
-    *, org: Organization, username: str, role: str = Role.OPERATOR
-) -> Membership:
+def membership_set(*, org: Organization, username: str, role: str = Role.OPERATOR) -> Membership:
     user, _ = get_user_model().objects.get_or_create(username=username)
-    membership, _ = Membership.objects.update_or_create(
-        org=org, user=user, defaults={"role": role}
-    )
+    membership, _ = Membership.objects.update_or_create(org=org, user=user, defaults={"role": role})
     return membership
 
 
@@ -80,9 +74,7 @@ def token_issue(
     return IssuedToken(token=token, secret=secret)
 
 
-def worker_token_issue(
-    *, worker: WorkerIdentity, name: str = "", expires_at: datetime | None = None
-) -> IssuedToken:
+def worker_token_issue(*, worker: WorkerIdentity, name: str = "", expires_at: datetime | None = None) -> IssuedToken:
     prefix, secret = _new_secret()
     token = ApiToken.objects.create(
         worker=worker,
@@ -95,17 +87,13 @@ def worker_token_issue(
     return IssuedToken(token=token, secret=secret)
 
 
-def worker_get_or_create(
-    *, name: str, org: Organization | None = None
-) -> WorkerIdentity:
+def worker_get_or_create(*, name: str, org: Organization | None = None) -> WorkerIdentity:
     worker, _ = WorkerIdentity.objects.get_or_create(name=name, defaults={"org": org})
     return worker
 
 
 def token_revoke(*, token: ApiToken) -> None:
-    ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
-        revoked_at=timezone.now()
-    )
+    ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
 
 
 def token_verify(*, secret: str) -> ApiToken | None:
@@ -113,18 +101,12 @@ def token_verify(*, secret: str) -> ApiToken | None:
     parts = secret.split("_", 2)
     if len(parts) != 3 or parts[0] != TOKEN_SCHEME:
         return None
-    token = (
-        ApiToken.objects.select_related("org", "user", "worker")
-        .filter(prefix=parts[1])
-        .first()
-    )
+    token = ApiToken.objects.select_related("org", "user", "worker").filter(prefix=parts[1]).first()
     # Compare in constant time even though the prefix matched, so timing tells nothing.
     if token is None or not hmac.compare_digest(token.token_hash, token_hash(secret)):
         return None
     now = timezone.now()
-    if token.revoked_at is not None or (
-        token.expires_at is not None and token.expires_at <= now
-    ):
+    if token.revoked_at is not None or (token.expires_at is not None and token.expires_at <= now):
         return None
     if token.worker is not None and token.worker.disabled_at is not None:
         return None

@@ -14,9 +14,7 @@ from django.utils.html import format_html
 def admin_link(obj: Model | None, label: str | None = None) -> str:
     if obj is None:
         return "-"
-    url = reverse(
-        f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[obj.pk]
-    )
+    url = reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[obj.pk])
     return format_html('<a href="{}">{}</a>', url, label or str(obj))
 
 

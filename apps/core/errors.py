@@ -63,9 +63,7 @@ _TYPES = {
 }
 
 
-def error_body(
-    *, error_type: str, message: str, field: str | None = None
-) -> dict[str, Any]:
+def error_body(*, error_type: str, message: str, field: str | None = None) -> dict[str, Any]:
     return {"error": {"type": error_type, "message": message, "field": field}}
 
 
@@ -108,7 +106,5 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         )
     else:
         detail = getattr(exc, "detail", str(exc))
-        response.data = error_body(
-            error_type=_TYPES.get(response.status_code, "error"), message=str(detail)
-        )
+        response.data = error_body(error_type=_TYPES.get(response.status_code, "error"), message=str(detail))
     return response

@@ -1,4 +1,5 @@
 """Read-only admin: rows here mirror verified bytes in the store, so editing them would lie."""
+
 from __future__ import annotations
 
 from django.contrib import admin
@@ -30,7 +31,17 @@ class StoredObjectAdmin(ReadOnlyAdmin):
 
 @admin.register(UploadGrant)
 class UploadGrantAdmin(ReadOnlyAdmin):
-    list_display = ("id", "org", "sha256", "size", "content_type", "created_at", "expires_at", "uploaded_at", "committed_at")
+    list_display = (
+        "id",
+        "org",
+        "sha256",
+        "size",
+        "content_type",
+        "created_at",
+        "expires_at",
+        "uploaded_at",
+        "committed_at",
+    )
     list_filter = ("org", ("uploaded_at", admin.EmptyFieldListFilter), ("committed_at", admin.EmptyFieldListFilter))
     list_select_related = ("org",)
     search_fields = ("sha256", "id")

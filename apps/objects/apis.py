@@ -3,6 +3,7 @@
 Two endpoints take no bearer token (the filesystem store's "presigned" URLs): the signed
 ``sig`` query parameter is their whole authority, as a presigned S3 URL would be.
 """
+
 from __future__ import annotations
 
 from django.http import FileResponse

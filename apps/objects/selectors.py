@@ -1,4 +1,5 @@
 """Reads of stored objects and upload grants, always scoped to one organization."""
+
 from __future__ import annotations
 
 from django.db.models import QuerySet

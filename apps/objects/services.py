@@ -10,6 +10,7 @@ Invariant: a StoredObject row exists only for bytes verified in the store under 
 Content addressing makes a second put of the same bytes a no-op success ("present"); bytes
 that do not match their declared digest are refused and nothing is committed.
 """
+
 from __future__ import annotations
 
 import hashlib

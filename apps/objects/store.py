@@ -27,6 +27,7 @@ Two switches are read from the environment here (not settings):
   every verification, for S3-compatible servers that store a client's checksum claim
   without validating it (moto does exactly that, see tests/s3server.py).
 """
+
 from __future__ import annotations
 
 import base64
@@ -383,9 +384,7 @@ class S3Store(ObjectStore):
             retries={"max_attempts": 3, "mode": "standard"},
         )
         # A session per store: boto3's default session is not thread-safe, clients are.
-        self.client = boto3.session.Session().client(
-            "s3", endpoint_url=endpoint_url, region_name=region, config=config
-        )
+        self.client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
         if create_bucket:
             self._bucket_ensure(region)
 

@@ -2,6 +2,7 @@
 refuses UPDATE and DELETE), so the admin offers no way to change or delete one; profiles
 are created by publishing, and cannot be deleted while versions (which PROTECT them) exist.
 """
+
 from __future__ import annotations
 
 import json

@@ -23,6 +23,7 @@ those bytes, so key order and whitespace of what was posted do not matter.
     GET  /api/profiles/{name}                  the profile and its versions (newest first), paged
     GET  /api/profiles/{name}/versions         its versions, paged
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -28,6 +28,7 @@ Every list below is data: (pattern, why). Env patterns are shell-style globs mat
 the upper-cased name, because proxy variables are read in either case and no one needs a
 lower-case twin of a reserved name.
 """
+
 from __future__ import annotations
 
 import re
@@ -59,7 +60,11 @@ RESERVED_ENV: tuple[tuple[str, str, bool], ...] = (
     ("ANTHROPIC_SMALL_FAST_MODEL", _MODEL, False),
     # Subagent calls must hit the same snapshot so an attempt's trajectory is one policy's.
     ("CLAUDE_CODE_SUBAGENT_MODEL", _MODEL, False),
-    ("ANTHROPIC_CUSTOM_HEADERS", "model calls carry the platform's correlation headers; extra ones could forge them", False),
+    (
+        "ANTHROPIC_CUSTOM_HEADERS",
+        "model calls carry the platform's correlation headers; extra ones could forge them",
+        False,
+    ),
     ("CLAUDE_CODE_USE_BEDROCK", _PROVIDER, False),
     ("CLAUDE_CODE_USE_VERTEX", _PROVIDER, False),
     ("CLAUDE_CODE_USE_FOUNDRY", _PROVIDER, False),

@@ -19,6 +19,7 @@ Defaults the launcher applies for an absent field (they are not written into the
 canonical bytes, so the digest is of what the author published): files [], setup [],
 args [], env {}, outputs [], workdir "${task.workdir}", instruction {"via": "argument"}.
 """
+
 from __future__ import annotations
 
 import posixpath
@@ -36,7 +37,7 @@ ENGINES = ("claude-code", "command", "synth-mini", "oracle", "nop")
 # Engines that drive a model: a recipe for them must say which one. The others (the
 # task's reference solution, doing nothing, an arbitrary command) may still bind one.
 ENGINES_NEEDING_MODEL = ("claude-code", "synth-mini")
-BINDING_NAMESPACES = ("task", "run", "model")
+BINDING_NAMESPACES = ("task", "run", "attempt", "model")
 # A recipe is small (files are instructions and configs, not datasets); the bound keeps
 # every row of the versions table and every launch cheap.
 MAX_RECIPE_BYTES = 1024 * 1024
@@ -162,6 +163,9 @@ RECIPE_SCHEMA: dict[str, Any] = {
                 # Claude Code keeps calling while the model keeps calling tools (over a
                 # thousand calls a minute was observed); the proxy enforces this bound.
                 "max_model_calls": {"type": "integer", "minimum": 1},
+                # By default a non-zero agent exit is recorded and the verifier still
+                # decides; set this to end such a trial as an error instead.
+                "fail_on_nonzero_exit": {"type": "boolean"},
             },
         },
     },
@@ -169,7 +173,9 @@ RECIPE_SCHEMA: dict[str, Any] = {
         {
             "if": {
                 "required": ["engine"],
-                "properties": {"engine": {"required": ["name"], "properties": {"name": {"enum": list(ENGINES_NEEDING_MODEL)}}}},
+                "properties": {
+                    "engine": {"required": ["name"], "properties": {"name": {"enum": list(ENGINES_NEEDING_MODEL)}}}
+                },
             },
             "then": {"required": ["model"]},
         },
@@ -265,7 +271,9 @@ def _bindings_check(*, value: str, field: str, credential_ok: bool) -> None:
         namespace, _, key = inner.partition(".")
         if namespace not in BINDING_NAMESPACES or not _BINDING_KEY.match(key):
             known = ", ".join(f"${{{ns}.*}}" for ns in BINDING_NAMESPACES)
-            raise ValidationFailed(f"{field}: unknown binding {match.group(0)} (known: {known}, ${{credential}})", field=field)
+            raise ValidationFailed(
+                f"{field}: unknown binding {match.group(0)} (known: {known}, ${{credential}})", field=field
+            )
 
 
 def _strings_at(recipe: dict[str, Any], key: str) -> Iterator[tuple[str, str]]:
@@ -292,16 +300,22 @@ def _semantic_check(recipe: dict[str, Any]) -> None:
     for i, spec in enumerate(recipe.get("files", [])):
         path = posixpath.normpath(spec["path"])
         if path in seen:
-            raise ValidationFailed(f"files[{i}].path: {spec['path']!r} is also files[{seen[path]}]", field=f"files[{i}].path")
+            raise ValidationFailed(
+                f"files[{i}].path: {spec['path']!r} is also files[{seen[path]}]", field=f"files[{i}].path"
+            )
         seen[path] = i
         found = reserved_file_find(engine=engine, path=path)
         if found:
-            raise ValidationFailed(f"files[{i}].path ({path!r}) is reserved by the platform: {found}", field=f"files[{i}].path")
+            raise ValidationFailed(
+                f"files[{i}].path ({path!r}) is reserved by the platform: {found}", field=f"files[{i}].path"
+            )
     via = recipe.get("instruction", {}).get("via", "")
     if via.startswith("file:"):
-        path = via[len("file:"):]
+        path = via[len("file:") :]
         if re.search(_OUTPUT_PATH, path) is None:
-            raise ValidationFailed("instruction.via: the file path may not contain a '..' segment", field="instruction.via")
+            raise ValidationFailed(
+                "instruction.via: the file path may not contain a '..' segment", field="instruction.via"
+            )
         _bindings_check(value=path, field="instruction.via", credential_ok=False)
     for key in ("workdir", "args", "setup", "command", "outputs"):
         for field, value in _strings_at(recipe, key):

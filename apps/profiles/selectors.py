@@ -1,4 +1,5 @@
 """Reads for agent profiles. Every read is scoped by organization: another org's profile is NotFound."""
+
 from __future__ import annotations
 
 import json
@@ -66,7 +67,9 @@ def profile_version_verify(*, profile_version: ProfileVersion) -> bytes:
     """The canonical bytes, after checking that they still hash to the stored digest."""
     data = profile_version_bytes(profile_version=profile_version)
     if sha256_hex(data) != profile_version.digest:
-        raise ProfileIntegrityError(f"{profile_version.pk}: canonical bytes do not match digest {profile_version.digest}")
+        raise ProfileIntegrityError(
+            f"{profile_version.pk}: canonical bytes do not match digest {profile_version.digest}"
+        )
     return data
 
 

@@ -1,4 +1,5 @@
 """Writes for agent profiles: publishing immutable, content-addressed versions."""
+
 from __future__ import annotations
 
 import math

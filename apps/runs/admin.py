@@ -8,7 +8,18 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 
 from apps.core.admin_utils import ReadOnlyAdmin, ReadOnlyInline, admin_link
-from apps.runs.models import Lease, LeaseWrite, Run, RunEvent, RunSpec
+from apps.runs.models import (
+    Artifact,
+    Lease,
+    LeaseWrite,
+    Reservation,
+    Run,
+    RunEvent,
+    RunSpec,
+    SamplingGroup,
+    Trial,
+    WorkerNode,
+)
 
 
 class RunEventInline(ReadOnlyInline):
@@ -21,6 +32,12 @@ class RunEventInline(ReadOnlyInline):
 
     def get_queryset(self, request: HttpRequest) -> Any:
         return super().get_queryset(request).order_by("-seq")
+
+
+class GroupInline(ReadOnlyInline):
+    model = SamplingGroup
+    fields = ["id", "step", "position", "task_version", "attempts", "status", "settled_at"]
+    readonly_fields = fields
 
 
 class LeaseInline(ReadOnlyInline):
@@ -78,7 +95,7 @@ class RunAdmin(admin.ModelAdmin):
         "status",
     ]
     exclude = ["summary"]
-    inlines = [LeaseInline, RunEventInline]
+    inlines = [GroupInline, LeaseInline, RunEventInline]
     actions = ["cancel_runs"]
 
     @admin.display(description="dataset")
@@ -181,3 +198,79 @@ class LeaseAdmin(ReadOnlyAdmin):
 class LeaseWriteAdmin(ReadOnlyAdmin):
     list_display = ["lease", "local_seq", "created_at"]
     search_fields = ["lease__id"]
+
+
+class TrialInline(ReadOnlyInline):
+    model = Trial
+    fields = ["id", "attempt", "status", "reward", "error_type", "worker_node", "started_at", "finished_at"]
+    readonly_fields = fields
+
+
+class ArtifactInline(ReadOnlyInline):
+    model = Artifact
+    fk_name = "trial"
+    fields = ["name", "kind", "size", "sha256", "object"]
+    readonly_fields = fields
+
+
+@admin.register(SamplingGroup)
+class SamplingGroupAdmin(ReadOnlyAdmin):
+    list_display = ["id", "run", "step", "position", "task_version", "attempts", "status", "mean_reward"]
+    list_filter = ["status"]
+    search_fields = ["id", "run__id", "task_version__name"]
+    inlines = [TrialInline]
+
+    @admin.display(description="mean reward")
+    def mean_reward(self, group: SamplingGroup) -> Any:
+        return group.summary.get("mean_reward")
+
+
+@admin.register(Trial)
+class TrialAdmin(ReadOnlyAdmin):
+    list_display = ["id", "run", "task", "attempt", "status", "reward", "error_type", "worker_node", "finished_at"]
+    list_filter = ["status", "error_type", "worker_node"]
+    search_fields = ["id", "run__id", "task_version__name", "error_message"]
+    list_select_related = ["task_version"]
+    inlines = [ArtifactInline]
+
+    @admin.display(description="task")
+    def task(self, trial: Trial) -> str:
+        return trial.task_version.name
+
+
+@admin.register(Artifact)
+class ArtifactAdmin(ReadOnlyAdmin):
+    list_display = ["id", "run", "trial", "name", "kind", "size", "sha256"]
+    list_filter = ["kind"]
+    search_fields = ["id", "run__id", "trial__id", "name", "sha256"]
+
+
+class ReservationInline(ReadOnlyInline):
+    model = Reservation
+    fields = ["trial", "status", "cpus", "memory_mb", "storage_mb", "created_at", "granted_at"]
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).exclude(status="released")
+
+
+@admin.register(WorkerNode)
+class WorkerNodeAdmin(ReadOnlyAdmin):
+    """Each trials worker's budget and what is reserved against it right now."""
+
+    list_display = ["name", "slots", "cpus", "memory_mb", "storage_mb", "usage", "seen_at"]
+    inlines = [ReservationInline]
+
+    @admin.display(description="in use (slots / cpus / MB / waiting)")
+    def usage(self, node: WorkerNode) -> str:
+        from apps.runs.admission import node_usage
+
+        u = node_usage(node=node)
+        return f"{u['slots']} / {u['cpus']:g} / {u['memory_mb']} / {u['waiting']} waiting"
+
+
+@admin.register(Reservation)
+class ReservationAdmin(ReadOnlyAdmin):
+    list_display = ["id", "node", "trial", "status", "cpus", "memory_mb", "storage_mb", "created_at", "granted_at"]
+    list_filter = ["status", "node"]
+    search_fields = ["trial__id"]

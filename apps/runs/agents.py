@@ -28,9 +28,11 @@ The agent's deadline is Harbor's (``AgentConfig.override_timeout_sec`` =
 ``plan.timeout_sec``, scaled by the trial's timeout multiplier), so it is not enforced
 a second time here.
 """
+
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import tempfile
 from pathlib import Path
@@ -171,7 +173,7 @@ class RecipeAgent(BaseAgent):
         for i, command in enumerate(plan.setup):
             script = f"cd {_q(plan.workdir)} || exit $?\n{command}"
             try:
-                result = await environment.exec(script, env=env, timeout_sec=int(plan.setup_timeout_sec))
+                result = await environment.exec(script, env=env, timeout_sec=math.ceil(plan.setup_timeout_sec))
             except TimeoutError as exc:  # asyncio.TimeoutError is TimeoutError on 3.11+
                 raise SetupCommandFailed(
                     f"setup[{i}] {plan.redact(command)!r} did not finish within {plan.setup_timeout_sec:g}s"
@@ -256,6 +258,11 @@ class RecipeAgent(BaseAgent):
         elif plan.engine != "nop":
             result = await environment.exec(self._command(), env=plan.exec_env())
             exit_code = result.return_code
+            if result.stdout or result.stderr:
+                # The engine's own output is redirected to its log, so anything here is
+                # the launch itself failing (no such workdir, command not found, ...).
+                context.metadata["launch_output"] = plan.redact(self._tail(result.stdout, result.stderr))
+                self.logger.warning("launch of %s: %s", plan.engine, context.metadata["launch_output"])
         context.metadata["exit_code"] = exit_code
 
         await self._outputs_collect(environment)

@@ -11,14 +11,14 @@ from typing import Any
 from django.db import close_old_connections
 from django.http import StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import serializers, status
+from rest_framework import renderers, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounts.permissions import IsWorker
 from apps.core.errors import ValidationFailed
-from apps.core.pagination import IdCursorPagination
+from apps.core.pagination import IdCursorPagination, OldestFirstPagination
 from apps.runs import selectors, services
 from apps.runs.models import TERMINAL_STATUSES, Lease, Run, RunEvent
 
@@ -113,11 +113,24 @@ class RunCancelApi(APIView):
         return Response(RunOutputSerializer(selectors.run_get(org=request.auth.org, run_id=run_id)).data)
 
 
+class EventStreamRenderer(renderers.BaseRenderer):
+    """Lets `Accept: text/event-stream` (EventSource, SSE clients) negotiate; the stream
+    itself is written by the view, and JSON pages are still JSON."""
+
+    media_type = "text/event-stream"
+    format = "sse"
+    charset = None
+
+    def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
+        return json.dumps(data, default=str).encode()
+
+
 class RunEventsApi(APIView):
     """Ordered events after a cursor. `follow=1` streams them as server-sent events (each
     with `id: <seq>`; reconnect with `Last-Event-ID` or `after` to resume with no gap and
     no duplicate) and ends after the run's last event; `wait=S` long-polls instead."""
 
+    renderer_classes = [renderers.JSONRenderer, EventStreamRenderer]
     POLL_SECONDS = 0.25
     KEEPALIVE_SECONDS = 10.0
 
@@ -296,3 +309,107 @@ class WorkerReleaseApi(_LeaseApi):
         data.is_valid(raise_exception=True)
         run = services.lease_release(worker=request.auth.worker, lease_id=lease_id, **data.validated_data)
         return Response({"run": run.id, "status": run.status})
+
+
+# --------------------------------------------------------------------------- groups, trials, artifacts
+
+
+def group_dict(group: Any) -> dict[str, Any]:
+    return {
+        "id": group.id,
+        "step": group.step,
+        "position": group.position,
+        "task": group.task_version.name,
+        "task_version_id": group.task_version_id,
+        "attempts": group.attempts,
+        "sampler": group.sampler,
+        "status": group.status,
+        "summary": group.summary,
+        "created_at": group.created_at,
+        "settled_at": group.settled_at,
+    }
+
+
+def trial_dict(trial: Any) -> dict[str, Any]:
+    return {
+        "id": trial.id,
+        "group": trial.group_id,
+        "task": trial.task_version.name,
+        "task_version_id": trial.task_version_id,
+        "attempt": trial.attempt,
+        "status": trial.status,
+        "reward": trial.reward,
+        "rewards": trial.rewards,
+        "error": {"type": trial.error_type, "message": trial.error_message} if trial.error_type else None,
+        "timings": trial.timings,
+        "need": trial.need,
+        "tries": trial.tries,
+        "worker_node": trial.worker_node or None,
+        "created_at": trial.created_at,
+        "started_at": trial.started_at,
+        "finished_at": trial.finished_at,
+    }
+
+
+class RunGroupsApi(APIView):
+    @extend_schema(responses={200: dict})
+    def get(self, request: Request, run_id: str) -> Response:
+        run = selectors.run_get(org=request.auth.org, run_id=run_id)
+        paginator = OldestFirstPagination()
+        page = paginator.paginate_queryset(selectors.group_list(run=run), request, view=self)
+        return paginator.get_paginated_response([group_dict(g) for g in page])
+
+
+class RunTrialsApi(APIView):
+    class FilterSerializer(serializers.Serializer):
+        status = serializers.CharField(required=False)
+
+    @extend_schema(parameters=[FilterSerializer], responses={200: dict})
+    def get(self, request: Request, run_id: str) -> Response:
+        filters = self.FilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        run = selectors.run_get(org=request.auth.org, run_id=run_id)
+        paginator = OldestFirstPagination()
+        qs = selectors.trial_list(run=run, **filters.validated_data)
+        page = paginator.paginate_queryset(qs, request, view=self)
+        return paginator.get_paginated_response([trial_dict(t) for t in page])
+
+
+class RunArtifactsApi(APIView):
+    """Artifacts with their digest, size and a time-limited download grant."""
+
+    class FilterSerializer(serializers.Serializer):
+        trial = serializers.CharField(required=False)
+
+    @extend_schema(parameters=[FilterSerializer], responses={200: dict})
+    def get(self, request: Request, run_id: str) -> Response:
+        from apps.objects.services import object_read_grant
+
+        filters = self.FilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        run = selectors.run_get(org=request.auth.org, run_id=run_id)
+        paginator = OldestFirstPagination()
+        qs = selectors.artifact_list(run=run, trial_id=filters.validated_data.get("trial"))
+        page = paginator.paginate_queryset(qs, request, view=self)
+        items = []
+        for artifact in page:
+            grant = object_read_grant(org=request.auth.org, sha256=artifact.sha256)
+            items.append(
+                {
+                    "id": artifact.id,
+                    "trial": artifact.trial_id,
+                    "name": artifact.name,
+                    # Unique within the run: what a download writes to (DIR/<path>).
+                    "path": f"{artifact.trial_id}/{artifact.name}" if artifact.trial_id else artifact.name,
+                    "kind": artifact.kind,
+                    "digest": f"sha256:{artifact.sha256}",
+                    "size": artifact.size,
+                    "created_at": artifact.created_at,
+                    "download": {
+                        "url": grant.request.url,
+                        "method": grant.request.method,
+                        "expires_at": grant.request.expires_at,
+                    },
+                }
+            )
+        return paginator.get_paginated_response(items)

@@ -30,3 +30,27 @@ def run_get(*, org: Organization, run_id: str) -> Run:
 
 def run_events_after(*, run: Run, after: int, limit: int) -> list[RunEvent]:
     return list(RunEvent.objects.filter(run=run, seq__gt=after).order_by("seq")[:limit])
+
+
+def group_list(*, run: Run) -> QuerySet:
+    from apps.runs.models import SamplingGroup
+
+    return SamplingGroup.objects.filter(run=run).select_related("task_version")
+
+
+def trial_list(*, run: Run, status: str | None = None) -> QuerySet:
+    from apps.runs.models import Trial
+
+    qs = Trial.objects.filter(run=run).select_related("task_version")
+    if status:
+        qs = qs.filter(status__in=status.split(","))
+    return qs
+
+
+def artifact_list(*, run: Run, trial_id: str | None = None) -> QuerySet:
+    from apps.runs.models import Artifact
+
+    qs = Artifact.objects.filter(run=run)
+    if trial_id:
+        qs = qs.filter(trial_id=trial_id)
+    return qs

@@ -275,6 +275,10 @@ def run_cancel(*, org: Organization, run_id: str, reason: str = "cancelled by op
             run.status = RunStatus.CANCELLING
             run.save(update_fields=["status", "cancel_requested_at", "updated_at"])
             event_append(run_id=run.id, type="run.cancel_requested", data={"reason": reason})
+            from apps.runs.execution import run_cancel_trials
+
+            # Trials that have not started end now; running ones learn it by heartbeat.
+            run_cancel_trials(run=run)
         else:
             run.status = RunStatus.CANCELLED
             run.finished_at = now
@@ -490,8 +494,15 @@ def lease_reap(*, now: Any = None) -> int:
             lease.status = LeaseStatus.EXPIRED
             lease.ended_at = now
             lease.save(update_fields=["status", "ended_at"])
-            _return_to_queue(run=run, lease=lease, event_type="lease.expired", reason="no heartbeat")
             reaped += 1
+            if lease.unit.startswith("trial:"):
+                # A trial's worker vanished: retry or lose the trial, per the plan.
+                from apps.runs.execution import trial_lease_lapsed
+
+                event_append(run_id=run.id, type="lease.expired", data={"lease": lease.id, "unit": lease.unit})
+                trial_lease_lapsed(run=run, lease=lease)
+                continue
+            _return_to_queue(run=run, lease=lease, event_type="lease.expired", reason="no heartbeat")
         _notify_requeued(run_id=run_id)
     if reaped:
         logger.info("reaped %d lapsed leases", reaped)

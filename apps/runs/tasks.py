@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
+from celery.signals import worker_ready
+
+logger = logging.getLogger(__name__)
 
 
 @shared_task(
@@ -54,3 +59,15 @@ def trial_execute_task(trial_id: str) -> None:
     from apps.runs.worker import trial_execute
 
     trial_execute(trial_id=trial_id)
+
+
+@worker_ready.connect
+def _sandboxes_reap_stale(**_: object) -> None:
+    """A worker that died (SIGKILL, OOM, host reboot) leaves sandboxes behind: clean them
+    when a worker starts on this host."""
+    from apps.runs.sandbox.environment import default_sandbox_root
+    from apps.runs.sandbox.sandbox import reap_stale_sandboxes
+
+    removed = reap_stale_sandboxes(default_sandbox_root())
+    if removed:
+        logger.warning("removed %d stale sandboxes: %s", len(removed), ", ".join(removed[:10]))

@@ -7,6 +7,9 @@ urlpatterns = [
     path("runs/<str:run_id>", apis.RunDetailApi.as_view(), name="run-detail"),
     path("runs/<str:run_id>/cancel", apis.RunCancelApi.as_view(), name="run-cancel"),
     path("runs/<str:run_id>/events", apis.RunEventsApi.as_view(), name="run-events"),
+    path("runs/<str:run_id>/groups", apis.RunGroupsApi.as_view(), name="run-groups"),
+    path("runs/<str:run_id>/trials", apis.RunTrialsApi.as_view(), name="run-trials"),
+    path("runs/<str:run_id>/artifacts", apis.RunArtifactsApi.as_view(), name="run-artifacts"),
     path("worker/claims", apis.WorkerClaimApi.as_view(), name="worker-claim"),
     path(
         "worker/leases/<str:lease_id>/heartbeat",

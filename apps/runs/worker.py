@@ -9,11 +9,8 @@ trial to another (a stale lease): then it stops without writing anything more.
 from __future__ import annotations
 
 import asyncio
-import io
-import json
 import logging
 import shutil
-import tarfile
 import threading
 import time
 import traceback
@@ -25,9 +22,10 @@ from django.db import close_old_connections, connections
 
 from apps.accounts.models import WorkerIdentity
 from apps.accounts.services import worker_get_or_create
-from apps.core.canonical import canonical_bytes, sha256_hex
+from apps.core.canonical import canonical_bytes
 from apps.core.errors import StaleLease
-from apps.objects.services import object_put, object_read
+from apps.datasets.services import task_version_materialize
+from apps.objects.services import object_put
 from apps.runs.admission import (
     Budget,
     Need,
@@ -54,10 +52,11 @@ class LeaseKeeper(threading.Thread):
         super().__init__(name=f"lease-{lease.id}", daemon=True)
         self.worker = worker
         self.lease = lease
-        self.interval = max(0.2, settings.SYNTH_LEASE_TTL_SECONDS / 3)
+        # Frequent enough that a cancel reaches a running trial within seconds.
+        self.interval = max(0.2, min(settings.SYNTH_LEASE_TTL_SECONDS / 3, 2.0))
         self.cancelled = threading.Event()
         self.lost = threading.Event()
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._seq = 0
         self._seq_lock = threading.Lock()
 
@@ -72,7 +71,7 @@ class LeaseKeeper(threading.Thread):
 
     def run(self) -> None:
         try:
-            while not self._stop.wait(self.interval):
+            while not self._halt.wait(self.interval):
                 try:
                     result = lease_heartbeat(worker=self.worker, lease_id=self.lease.id, fence=self.lease.fence)
                 except StaleLease:
@@ -89,7 +88,7 @@ class LeaseKeeper(threading.Thread):
             connections.close_all()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
 
 def node_current() -> WorkerNode:
@@ -122,18 +121,6 @@ def _report(keeper: LeaseKeeper, *events: dict[str, Any]) -> None:
         local_seq=keeper.next_seq(),
         events=list(events),
     )
-
-
-def task_unpack(*, trial: Trial, dest: Path) -> Path:
-    data = object_read(obj=trial.task_version.archive)
-    dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
-        tar.extractall(dest, filter="data")  # the "data" filter refuses escapes and devices
-    entries = [p for p in dest.iterdir()]
-    # Archives hold the task folder's contents, or the folder itself: accept both.
-    if len(entries) == 1 and entries[0].is_dir() and not (dest / "task.toml").exists():
-        return entries[0]
-    return dest
 
 
 def trial_execute(*, trial_id: str) -> None:
@@ -214,7 +201,7 @@ def trial_execute(*, trial_id: str) -> None:
             trial_id=trial.id,
             data={"task": trial.task_version.name, "attempt": trial.attempt, "node": node.name, "need": need.as_dict()},
         )
-        task_dir = task_unpack(trial=trial, dest=work / "task")
+        task_dir = task_version_materialize(task_version=trial.task_version, dest=work / "task")
         launch_plan = trial_launch_plan(trial=trial, task_dir=task_dir)
         outcome, trial_dir = harbor_trial_run(
             trial=trial, task_dir=task_dir, trials_dir=work / "trials", launch_plan=launch_plan, keeper=keeper
@@ -249,14 +236,33 @@ def trial_execute(*, trial_id: str) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def trial_launch_plan(*, trial: Trial, task_dir: Path) -> dict[str, Any]:
-    """The recipe interpreted for this attempt (the one launcher; see apps.profiles.launcher)."""
-    from apps.profiles.launcher import Bindings, launch_plan_build
+def trial_launch_plan(*, trial: Trial, task_dir: Path) -> Any:
+    """The recipe interpreted for this attempt, by the one launcher (apps.profiles.launcher)."""
+    from harbor.models.task.task import Task as HarborTask
+
+    from apps.profiles.launcher import AttemptBinding, Bindings, RunBinding, TaskBinding, launch_plan_build
     from apps.profiles.selectors import profile_version_recipe
 
     recipe = profile_version_recipe(profile_version=trial.run.spec.actor_version)
-    bindings = Bindings.for_trial(trial=trial, task_dir=task_dir)
-    return launch_plan_build(recipe=recipe, bindings=bindings).to_dict()
+    tv = trial.task_version
+    harbor_task = HarborTask(task_dir)
+    bindings = Bindings(
+        task=TaskBinding(
+            name=tv.name,
+            workdir=harbor_task.config.environment.workdir or "/app",
+            instruction=harbor_task.instruction,
+            agent_timeout_sec=tv.agent_timeout_sec,
+            id=tv.id,
+            digest=tv.digest,
+        ),
+        run=RunBinding(id=trial.run_id, kind=trial.run.kind),
+        attempt=AttemptBinding(trial_id=trial.id, index=trial.attempt, group_id=trial.group_id),
+        # Model access (the bridge to the proxy and a scoped credential) arrives with the
+        # model proxy; engines that need a model fail to launch with a clear error until then.
+        model=None,
+        credential=None,
+    )
+    return launch_plan_build(recipe=recipe, bindings=bindings)
 
 
 def _timing(info: Any) -> dict[str, Any] | None:
@@ -288,25 +294,26 @@ def _environment_config(*, plan: dict[str, Any]) -> Any:
 
 
 def harbor_trial_run(
-    *, trial: Trial, task_dir: Path, trials_dir: Path, launch_plan: dict[str, Any], keeper: LeaseKeeper
+    *, trial: Trial, task_dir: Path, trials_dir: Path, launch_plan: Any, keeper: LeaseKeeper
 ) -> tuple[TrialOutcome, Path]:
     """Run Harbor's trial lifecycle (environment, agent setup, agent, verifier) with the
     plan's deadlines; cancel it when the lease keeper says so."""
-    from harbor.models.trial.config import AgentConfig, TrialConfig, VerifierConfig
     from harbor.models.trial.config import TaskConfig as HarborTaskConfig
+    from harbor.models.trial.config import TrialConfig, VerifierConfig
     from harbor.trial.trial import Trial as HarborTrial
 
+    from apps.runs.agents import recipe_agent_config
+
     plan = trial.run.spec.plan
+    agent_config = recipe_agent_config(plan=launch_plan, task_dir=task_dir)
+    if plan.get("agent_timeout_sec"):
+        agent_config.override_timeout_sec = plan["agent_timeout_sec"]
     config = TrialConfig(
         task=HarborTaskConfig(path=task_dir),
         trial_name=trial.id,
         trials_dir=trials_dir,
         timeout_multiplier=plan.get("timeout_multiplier", 1.0),
-        agent=AgentConfig(
-            import_path="apps.runs.agents:RecipeAgent",
-            kwargs={"launch_plan": launch_plan},
-            override_timeout_sec=plan.get("agent_timeout_sec"),
-        ),
+        agent=agent_config,
         environment=_environment_config(plan=plan),
         verifier=VerifierConfig(
             disable=trial.run.kind == RunKind.EXECUTE,
@@ -359,17 +366,19 @@ def harbor_trial_run(
 
 def _artifact_kind(name: str) -> str:
     top = name.split("/", 1)[0]
-    if name.startswith("artifacts/outputs/"):
+    if top == "artifacts" and "/outputs/" in f"/{name}":
         return "output"
     if name.endswith((".jsonl",)) and top == "agent":
         return "transcript"
     return {"agent": "agent", "verifier": "verifier", "artifacts": "artifact"}.get(top, "trial")
 
 
-def artifacts_publish(*, trial: Trial, trial_dir: Path, launch_plan: dict[str, Any]) -> list[Artifact]:
-    """Upload the trial's files (logs, transcript, verifier output, outputs) content-addressed."""
+def artifacts_publish(*, trial: Trial, trial_dir: Path, launch_plan: Any) -> list[Artifact]:
+    """Upload the trial's files (logs, transcript, verifier output, outputs) content-addressed.
+    The launch plan goes too; it never holds the scoped credential (see LaunchPlan.to_dict)."""
     org = trial.run.org
-    files: list[tuple[str, bytes]] = [("launch-plan.json", canonical_bytes(_redacted(launch_plan)))]
+    plan_doc = {**launch_plan.to_dict(), "digest": launch_plan.digest()}
+    files: list[tuple[str, bytes]] = [("launch-plan.json", canonical_bytes(plan_doc))]
     if trial_dir.is_dir():
         for path in sorted(trial_dir.rglob("*")):
             if not path.is_file() or path.is_symlink():
@@ -395,15 +404,3 @@ def artifacts_publish(*, trial: Trial, trial_dir: Path, launch_plan: dict[str, A
         )
         made.append(artifact)
     return made
-
-
-def _redacted(launch_plan: dict[str, Any]) -> dict[str, Any]:
-    """The launch plan as stored: the scoped credential never leaves the worker."""
-    plan = json.loads(json.dumps(launch_plan))
-    credential = plan.get("credential_hint")
-    env = plan.get("env") or {}
-    for key, value in list(env.items()):
-        if isinstance(value, str) and credential and credential in value:
-            env[key] = "<redacted>"
-    plan["digest"] = sha256_hex(canonical_bytes(launch_plan))
-    return plan

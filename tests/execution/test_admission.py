@@ -1,4 +1,5 @@
 """Resource-aware admission: trials wait for what they need, FIFO within what fits."""
+
 from __future__ import annotations
 
 from datetime import timedelta

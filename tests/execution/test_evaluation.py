@@ -17,13 +17,18 @@ def test_pass_at_k_matches_the_closed_form():
 
 
 def t(group, reward, error="", status="succeeded", name="task"):
-    return SimpleNamespace(group_id=group, reward=reward, error_type=error, status=status,
-                           task_version=SimpleNamespace(name=name))
+    return SimpleNamespace(
+        group_id=group, reward=reward, error_type=error, status=status, task_version=SimpleNamespace(name=name)
+    )
 
 
 def test_group_and_run_summaries():
-    trials = [t("g1", 1.0, name="a"), t("g1", 0.0, name="a"), t("g2", None, "AgentTimeoutError", "failed", "b"),
-              t("g2", 1.0, name="b")]
+    trials = [
+        t("g1", 1.0, name="a"),
+        t("g1", 0.0, name="a"),
+        t("g2", None, "AgentTimeoutError", "failed", "b"),
+        t("g2", 1.0, name="b"),
+    ]
     g = group_summarize(trials=trials[:2])
     assert g["mean_reward"] == 0.5 and g["passed"] == 1 and g["pass_at_k"]["2"] == 1.0
     s = run_summarize(trials=trials, scored=True)

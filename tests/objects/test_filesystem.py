@@ -1,4 +1,5 @@
 """The storage contract on the filesystem backend, through services and the REST API."""
+
 from __future__ import annotations
 
 import os

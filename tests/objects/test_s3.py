@@ -1,4 +1,5 @@
 """The storage contract on the S3 backend, against a real S3-protocol server (moto, loopback)."""
+
 from __future__ import annotations
 
 import base64

@@ -1,4 +1,5 @@
 """The admin shows profiles and versions and offers no way to change a version."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """The REST surface: exact bytes and digests, idempotent publishing, roles and tenancy."""
+
 from __future__ import annotations
 
 import copy

@@ -1,4 +1,5 @@
 """Recipe validation without a database: schema paths, launch constraints, canonical bytes."""
+
 from __future__ import annotations
 
 import copy
@@ -170,7 +171,16 @@ def test_launch_constraints_reject_naming_the_field(changes, field):
     [
         {"env": {"OPENAI_API_KEY": "${credential}"}},  # the scoped credential under the name a tool expects
         {"env": {"CLAUDE_CODE_MAX_OUTPUT_TOKENS": "8192", "HOME": "/root", "WORKDIR": "${task.workdir}"}},
-        {"args": ["--mcp-config", ".mcp.json", "--strict-mcp-config", "--verbose", "--append-system-prompt", "Be brief."]},
+        {
+            "args": [
+                "--mcp-config",
+                ".mcp.json",
+                "--strict-mcp-config",
+                "--verbose",
+                "--append-system-prompt",
+                "Be brief.",
+            ]
+        },
         {"files": [{"path": ".mcp.json", "content": "{}"}, {"path": ".claude/agents/r.md", "content": "x"}]},
         {"setup": ["export PATH=${HOME}/bin:$PATH", "echo ${PY:-python3.12}", "cd ${task.workdir}"]},
         {"instruction": {"via": "file:/tmp/instruction.md"}},

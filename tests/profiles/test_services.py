@@ -1,4 +1,5 @@
 """Publishing and reading versions against the real database (PostgreSQL)."""
+
 from __future__ import annotations
 
 import copy

@@ -1,4 +1,5 @@
 """Admission under real concurrency, on PostgreSQL."""
+
 from __future__ import annotations
 
 import threading

@@ -47,7 +47,9 @@ def test_claim_heartbeat_report_complete(queued_run, worker_client):
     # A retried write is acknowledged once and not applied again.
     assert worker_client.post(f"{base}/events", write, format="json").json() == {"applied": False}
     assert types(queued_run.id).count("progress.note") == 1
-    done = worker_client.post(f"{base}/complete", {"fence": 1, "outcome": "succeeded", "summary": {"ok": 1}}, format="json")
+    done = worker_client.post(
+        f"{base}/complete", {"fence": 1, "outcome": "succeeded", "summary": {"ok": 1}}, format="json"
+    )
     assert done.json()["status"] == "succeeded"
     queued_run.refresh_from_db()
     assert queued_run.status == "succeeded" and queued_run.summary == {"ok": 1}
@@ -92,9 +94,13 @@ def test_a_stale_holder_is_fenced_off_after_the_reaper(queued_run, worker_client
         assert resp.status_code == 409, path
         assert resp.json()["error"]["type"] == "stale_lease"
     # The old holder cannot use the new lease either: it is not theirs.
-    assert worker_client.post(f"/api/worker/leases/{new['id']}/heartbeat", {"fence": 2}, format="json").status_code == 404
+    assert (
+        worker_client.post(f"/api/worker/leases/{new['id']}/heartbeat", {"fence": 2}, format="json").status_code == 404
+    )
     # The new holder completes; the run ends once.
-    resp = other.post(f"/api/worker/leases/{new['id']}/complete", {"fence": 2, "outcome": "failed", "error": "x"}, format="json")
+    resp = other.post(
+        f"/api/worker/leases/{new['id']}/complete", {"fence": 2, "outcome": "failed", "error": "x"}, format="json"
+    )
     assert resp.json()["status"] == "failed"
     assert types(queued_run.id).count("run.failed") == 1
 
@@ -110,7 +116,9 @@ def test_cancellation_reaches_the_holder_through_its_heartbeat(alice, queued_run
     assert alice.client.post(f"/api/runs/{queued_run.id}/cancel").json()["status"] == "cancelling"
     hb = worker_client.post(f"/api/worker/leases/{lease['id']}/heartbeat", {"fence": 1}, format="json").json()
     assert hb["cancel_requested"] is True
-    worker_client.post(f"/api/worker/leases/{lease['id']}/complete", {"fence": 1, "outcome": "cancelled"}, format="json")
+    worker_client.post(
+        f"/api/worker/leases/{lease['id']}/complete", {"fence": 1, "outcome": "cancelled"}, format="json"
+    )
     queued_run.refresh_from_db()
     assert queued_run.status == "cancelled"
 

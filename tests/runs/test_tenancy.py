@@ -1,4 +1,5 @@
 """Another organization's objects are 404 on every endpoint, never 403."""
+
 from __future__ import annotations
 
 import pytest

@@ -21,9 +21,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--org", help="organization slug")
         parser.add_argument("--user", help="username")
-        parser.add_argument(
-            "--role", default=Role.OPERATOR, choices=[r.value for r in Role]
-        )
+        parser.add_argument("--role", default=Role.OPERATOR, choices=[r.value for r in Role])
         parser.add_argument(
             "--worker",
             help="issue a worker token for this worker identity instead of a user token",
@@ -32,26 +30,16 @@ class Command(BaseCommand):
         parser.add_argument("--expires-days", type=int, default=None)
 
     def handle(self, *args: object, **opts: object) -> None:
-        expires_at = (
-            timezone.now() + timedelta(days=opts["expires_days"])
-            if opts["expires_days"]
-            else None
-        )
+        expires_at = timezone.now() + timedelta(days=opts["expires_days"]) if opts["expires_days"] else None
         org = org_get_or_create(slug=str(opts["org"])) if opts["org"] else None
         if opts["worker"]:
             worker = worker_get_or_create(name=str(opts["worker"]), org=org)
-            issued = worker_token_issue(
-                worker=worker, name=str(opts["name"]), expires_at=expires_at
-            )
+            issued = worker_token_issue(worker=worker, name=str(opts["name"]), expires_at=expires_at)
         else:
             if org is None or not opts["user"]:
-                self.stderr.write(
-                    "create_token: --org and --user are required (or --worker)"
-                )
+                self.stderr.write("create_token: --org and --user are required (or --worker)")
                 raise SystemExit(2)
-            membership = membership_set(
-                org=org, username=str(opts["user"]), role=str(opts["role"])
-            )
+            membership = membership_set(org=org, username=str(opts["user"]), role=str(opts["role"]))
             issued = token_issue(
                 org=org,
                 user=membership.user,

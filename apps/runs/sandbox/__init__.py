@@ -1,0 +1,16 @@
+"""Local sandbox provider: the default Harbor environment of the platform.
+
+Pure library code (no Django models): usable from a worker and from a CLI.
+
+* ``Sandbox`` (sandbox.py): bubblewrap namespaces + cgroups, start / exec / stop, file transfer.
+* ``LocalSandboxEnvironment`` (environment.py): the Harbor ``BaseEnvironment`` on top of it,
+  ``EnvironmentConfig(import_path="apps.runs.sandbox.environment:LocalSandboxEnvironment")``.
+* ``check_task_supported`` (support.py): why a task cannot run locally, before starting it.
+
+Import the submodules directly; this package imports nothing eagerly so that importing
+``apps.runs.sandbox.sandbox`` does not pull in Harbor.
+"""
+
+from __future__ import annotations
+
+ENVIRONMENT_IMPORT_PATH = "apps.runs.sandbox.environment:LocalSandboxEnvironment"

@@ -1,0 +1,137 @@
+"""The `synth` command: the app tree, `synth login`, and commands of later issues."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from synth_cli import __version__
+from synth_cli.cli import JsonOpt, SynthTyper
+from synth_cli.config import Settings, config_read, config_write, url_normalize
+from synth_cli.datasets import dataset_app
+from synth_cli.errors import ApiError, CliError
+from synth_cli.http import Api
+from synth_cli.output import Ui
+from synth_cli.profiles import profile_app
+from synth_cli.runs import run_app, train_app
+
+app = SynthTyper(
+    name="synth",
+    help="Run, evaluate and train tool-using coding agents on Synth.",
+    epilog=(
+        "Examples:\n\n"
+        "  synth login --url https://synth.example.com\n\n"
+        "  synth dataset push examples/tasks --name team/examples --version v1\n\n"
+        "  synth run start --dataset team/examples@v1 --actor @examples/agent.json --plan @eval-plan.json\n\n"
+        "  synth run events RUN_ID --follow\n\n"
+        "Configuration: SYNTH_API_URL and SYNTH_TOKEN override the file written by `synth login` "
+        "(${SYNTH_CONFIG_DIR:-~/.config/synth}/config.json). Every command takes --json. "
+        "Exit codes: 0 success, 1 failed operation, 2 bad usage."
+    ),
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(run_app, name="run")
+app.add_typer(train_app, name="train")
+app.add_typer(dataset_app, name="dataset")
+app.add_typer(profile_app, name="profile")
+agent_app = SynthTyper(help="Run one agent attempt on a local task folder (needs the execution core).")
+app.add_typer(agent_app, name="agent")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"synth {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Run, evaluate and train tool-using coding agents on Synth."""
+
+
+@app.command("login")
+def login_command(
+    url: Annotated[str | None, typer.Option("--url", help="Server URL, e.g. https://synth.example.com.")] = None,
+    token: Annotated[
+        str | None, typer.Option("--token", help="API token (prompted for, hidden, if not given).")
+    ] = None,
+    json_output: JsonOpt = False,
+) -> None:
+    """Store the server URL and API token for later commands (checked against the server first).
+
+    Written to ${SYNTH_CONFIG_DIR:-~/.config/synth}/config.json, readable only by you (0600).
+
+    --json prints {"url", "config"} (never the token).
+    """
+    ui = Ui(json_mode=json_output)
+    stored = config_read()
+    if not url:
+        url = typer.prompt("Server URL", default=stored.get("url") or "http://127.0.0.1:8000")
+    url = url_normalize(url)
+    if not token:
+        token = typer.prompt("API token", hide_input=True)
+    token = token.strip()
+    with Api(Settings(url=url, token=token)) as api, ui.status(f"Checking {url}..."):
+        try:
+            api.get("/api/runs", params={"limit": 1})
+        except ApiError as exc:
+            if exc.status == 401:
+                raise
+            raise CliError(f"{url} did not accept the check (GET /api/runs): {exc.message}") from None
+    path = config_write(url=url, token=token)
+    if json_output:
+        ui.emit_json({"url": url, "config": str(path)})
+    else:
+        ui.line(f"Logged in to {url}; saved to {path}")
+
+
+def _later(what: str, needs: str) -> CliError:
+    return CliError(f"`{what}` needs {needs}, which this server version does not have yet")
+
+
+@agent_app.command("run")
+def agent_run_command(
+    profile: Annotated[
+        str, typer.Option("--profile", metavar="NAME[@VERSION]|@AGENT.json", help="The agent recipe to launch.")
+    ],
+    task: Annotated[str, typer.Option("--task", metavar="DIR", help="A Harbor task folder.")],
+    json_output: JsonOpt = False,
+) -> None:
+    """Run one attempt of an agent profile on a local task folder (not available yet).
+
+    Example: synth agent run --profile @examples/agent.json --task examples/tasks/implement-roman
+    """
+    raise _later("synth agent run", "the execution core")
+
+
+@app.command(
+    "claude",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def claude_command(
+    model: Annotated[
+        str | None, typer.Option("--model", metavar="BASE|CHECKPOINT", help="A model route or a checkpoint id.")
+    ] = None,
+    claude_args: Annotated[
+        list[str] | None, typer.Argument(metavar="CLAUDE_ARGS", help="Passed to claude unchanged.")
+    ] = None,
+) -> None:
+    """Run Claude Code against a Synth model or checkpoint (not available yet).
+
+    Example: synth claude --model ckpt_01h... -- -p "fix the failing test"
+    """
+    raise _later("synth claude", "the model proxy")
+
+
+def main() -> None:
+    app(prog_name="synth")
+
+
+if __name__ == "__main__":
+    main()

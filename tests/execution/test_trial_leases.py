@@ -1,0 +1,48 @@
+"""Trial leases without workers: the reaper's decision and never counting twice."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from apps.accounts.services import worker_get_or_create
+from apps.core.errors import StaleLease
+from apps.runs.execution import TrialOutcome, run_dispatch, trial_claim, trial_complete
+from apps.runs.models import Lease, Run, RunEvent
+from apps.runs.services import lease_reap, run_schedule
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def run(alice, inputs, django_capture_on_commit_callbacks):
+    body = dict(inputs["body"], plan={"attempts_per_task": 1, "max_retries": 1})
+    run_id = alice.client.post("/api/runs", body, format="json").json()["id"]
+    run_schedule(run_id=run_id)
+    run_dispatch(run_id=run_id)
+    return Run.objects.get(pk=run_id)
+
+
+def test_a_lapsed_trial_is_requeued_then_lost_and_counted_once(run, django_capture_on_commit_callbacks):
+    w1 = worker_get_or_create(name="w1")
+    trial = run.trials.order_by("id").first()
+    lease = trial_claim(worker=w1, trial_id=trial.id, node_name="n")
+    assert trial_claim(worker=w1, trial_id=trial.id, node_name="n") is None  # held
+    Lease.objects.filter(pk=lease.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        assert lease_reap() == 1
+    trial.refresh_from_db()
+    assert trial.status == "pending" and trial.queued_at is None and trial.tries == 1
+    assert callbacks, "the requeued trial must be handed to the trials queue after commit"
+    # The old holder finishing late is refused: its lease is gone.
+    with pytest.raises(StaleLease):
+        trial_complete(worker=w1, lease=lease, trial_id=trial.id, outcome=TrialOutcome(status="succeeded"))
+    second = trial_claim(worker=w1, trial_id=trial.id, node_name="n")
+    assert second.fence == 2
+    Lease.objects.filter(pk=second.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    lease_reap()
+    trial.refresh_from_db()
+    assert trial.status == "lost" and trial.error_type == "WorkerLost"  # max_retries=1 used up
+    assert RunEvent.objects.filter(run=run, type="trial.finished", data__trial=trial.id).count() == 1

@@ -1,0 +1,107 @@
+"""Resource limits: process count, memory, storage, CPU."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from apps.runs.sandbox import cgroups as cgroups_module
+from apps.runs.sandbox import sandbox as sandbox_module
+from apps.runs.sandbox.sandbox import SandboxExecTimeoutError, SandboxLimits
+from tests.sandbox.helpers import require_limit, requires_root, requires_sandbox, run, started_sandbox
+
+pytestmark = [requires_sandbox, requires_root, pytest.mark.timeout(60)]
+
+
+@pytest.fixture(params=["default", "v1-freezer"])
+def tracking(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run with the host's preferred process tracking, and again with cgroup v1 only (freezer)."""
+    if request.param == "v1-freezer":
+        real = cgroups_module.detect_hierarchies
+
+        def v1_only(*args: object, **kwargs: object) -> list[cgroups_module.Hierarchy]:
+            found = [h for h in real(*args, **kwargs) if h.version == 1]  # type: ignore[arg-type]
+            if not any("freezer" in h.controllers for h in found):
+                pytest.skip("no cgroup v1 freezer on this host")
+            return found
+
+        monkeypatch.setattr(sandbox_module, "detect_hierarchies", v1_only)
+    return str(request.param)
+
+
+def test_fork_bomb_is_bounded_and_killed(tracking: str) -> None:
+    async def main() -> None:
+        async with started_sandbox(limits=SandboxLimits(memory_mb=256, pids_max=64)) as sb:
+            require_limit(sb, "pids_max")
+            started = time.monotonic()
+            with pytest.raises(SandboxExecTimeoutError):
+                await sb.exec("bomb() { bomb | bomb & }; bomb; sleep 100", timeout_sec=3)
+            assert time.monotonic() - started < 15
+            # Everything the bomb forked is gone; only the init (bwrap x2 + sleep) remains.
+            assert len(sb.pids()) <= 3, sb.pids()
+            assert sb._cgroup is not None
+            assert (sb._cgroup.plan.tracking.version == 1) == (tracking == "v1-freezer")  # type: ignore[union-attr]
+            # The host can still fork, and so can the sandbox.
+            assert subprocess.run(["true"]).returncode == 0
+            result = await sb.exec("echo alive; cat /proc/self/status | grep -c ^Pid")
+            assert result.stdout.startswith("alive")
+
+    run(main())
+
+
+def test_memory_over_the_limit_is_killed() -> None:
+    async def main() -> None:
+        async with started_sandbox(limits=SandboxLimits(memory_mb=64, storage_mb=64)) as sb:
+            require_limit(sb, "memory_mb")
+            result = await sb.exec(
+                'python3 -c \'x = bytearray(200 * 1024 * 1024); x[::4096] = b"1" * len(x[::4096]); print("survived")\''
+            )
+            assert result.return_code == 137, (result.return_code, result.stdout, result.stderr)
+            assert "survived" not in result.stdout
+            assert result.oom_kills >= 1 and (sb.oom_kills() or 0) >= 1
+            # Below the limit works, and the sandbox itself survived the OOM kill.
+            ok = await sb.exec("python3 -c 'x = bytearray(16 * 1024 * 1024); print(len(x))'")
+            assert ok.return_code == 0 and ok.stdout.strip() == str(16 * 1024 * 1024)
+
+    run(main())
+
+
+def test_storage_is_limited() -> None:
+    async def main() -> None:
+        async with started_sandbox(limits=SandboxLimits(memory_mb=256, storage_mb=16)) as sb:
+            require_limit(sb, "storage_mb")
+            result = await sb.exec("dd if=/dev/zero of=/app/big bs=1M count=40 2>&1; echo rc=$?; df -m /app | tail -1")
+            assert "No space left on device" in result.stdout
+            # The quota is shared by all writable directories.
+            more = await sb.exec("echo x > /tmp/small 2>&1 || echo full")
+            assert "full" in more.stdout or "No space" in more.stdout
+
+    run(main())
+
+
+def test_cpu_quota_is_applied() -> None:
+    async def main() -> None:
+        async with started_sandbox(limits=SandboxLimits(memory_mb=256, cpus=0.25)) as sb:
+            require_limit(sb, "cpus")
+            # Two busy processes for ~1 s of wall time get about a quarter of one CPU in total.
+            result = await sb.exec(
+                "python3 - <<'EOF'\n"
+                "import os, time, resource\n"
+                "pids = []\n"
+                "for _ in range(2):\n"
+                "    pid = os.fork()\n"
+                "    if pid == 0:\n"
+                "        end = time.time() + 1.0\n"
+                "        while time.time() < end: pass\n"
+                "        os._exit(0)\n"
+                "    pids.append(pid)\n"
+                "for pid in pids: os.waitpid(pid, 0)\n"
+                "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime)\n"
+                "EOF"
+            )
+            cpu_seconds = float(result.stdout.strip())
+            assert cpu_seconds < 0.6, cpu_seconds
+
+    run(main())
