@@ -244,3 +244,8 @@ SYNTH_DEFAULT_ENVIRONMENT = os.environ.get(
     "SYNTH_DEFAULT_ENVIRONMENT", "apps.runs.sandbox.environment:LocalSandboxEnvironment"
 )
 SYNTH_ARTIFACT_MAX_BYTES = env_int("SYNTH_ARTIFACT_MAX_BYTES", 64 * 1024 * 1024)
+
+# MODEL PROXY
+# ------------------------------------------------------------------------------
+# Tokenizers built offline from pinned packages (manage.py provision_tokenizers).
+SYNTH_TOKENIZER_DIR = Path(os.environ.get("SYNTH_TOKENIZER_DIR") or VAR_DIR / "tokenizers")
