@@ -6,6 +6,7 @@ API served by gunicorn, several concurrent clients) and event append / read rate
 Prints figures; asserts nothing. The database named in DATABASE_URL is created if
 missing and its tables are migrated; rows are left behind for inspection.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,6 +48,9 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=5000)
     args = parser.parse_args()
 
+    import logging
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     ensure_database(os.environ["DATABASE_URL"])
     import django
 
@@ -76,9 +80,22 @@ def main() -> None:
     port = free_port()
     env = dict(os.environ, SYNTH_CELERY_EAGER="false")
     server = subprocess.Popen(
-        [str(ROOT / ".venv/bin/gunicorn"), "synth_project.wsgi", "-b", f"127.0.0.1:{port}",
-         "-w", "2", "-k", "gthread", "--threads", "8", "--log-level", "warning"],
-        cwd=ROOT, env=env,
+        [
+            str(ROOT / ".venv/bin/gunicorn"),
+            "synth_project.wsgi",
+            "-b",
+            f"127.0.0.1:{port}",
+            "-w",
+            "2",
+            "-k",
+            "gthread",
+            "--threads",
+            "8",
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=env,
     )
     import httpx
 
@@ -108,9 +125,11 @@ def main() -> None:
         elapsed = time.perf_counter() - t0
         assert all(c == 201 for c in codes), set(codes)
         lat = sorted(latencies)
-        print(f"run submissions (HTTP, {args.clients} clients, gunicorn 2x8): "
-              f"{args.submissions / elapsed:,.0f} runs/s; latency p50 {statistics.median(lat) * 1000:.1f} ms, "
-              f"p99 {lat[int(len(lat) * 0.99) - 1] * 1000:.1f} ms")
+        print(
+            f"run submissions (HTTP, {args.clients} clients, gunicorn 2x8): "
+            f"{args.submissions / elapsed:,.0f} runs/s; latency p50 {statistics.median(lat) * 1000:.1f} ms, "
+            f"p99 {lat[int(len(lat) * 0.99) - 1] * 1000:.1f} ms"
+        )
 
         run = Run.objects.filter(org=org).first()
         t0 = time.perf_counter()

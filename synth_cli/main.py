@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from synth_cli import __version__
-from synth_cli.cli import JsonOpt, SynthTyper
+from synth_cli.cli import JsonOpt, SynthTyper, api_open
 from synth_cli.config import Settings, config_read, config_write, url_normalize
 from synth_cli.datasets import dataset_app
 from synth_cli.errors import ApiError, CliError
@@ -100,14 +101,61 @@ def agent_run_command(
     profile: Annotated[
         str, typer.Option("--profile", metavar="NAME[@VERSION]|@AGENT.json", help="The agent recipe to launch.")
     ],
-    task: Annotated[str, typer.Option("--task", metavar="DIR", help="A Harbor task folder.")],
+    task: Annotated[Path, typer.Option("--task", metavar="DIR", help="A Harbor task folder.")],
+    out: Annotated[
+        Path | None, typer.Option("--out", metavar="DIR", help="Keep the trial folder (logs, rewards) here.")
+    ] = None,
     json_output: JsonOpt = False,
 ) -> None:
-    """Run one attempt of an agent profile on a local task folder (not available yet).
+    """Run one attempt of an agent profile on a local task folder, in the local sandbox,
+    with the same launcher the trials workers use. Exit 0 when the attempt ran without
+    error (whatever its reward), 1 otherwise.
 
-    Example: synth agent run --profile @examples/agent.json --task examples/tasks/implement-roman
+    NAME[@VERSION] is fetched from the server (digest verified); @AGENT.json is used as is.
+
+    Example: synth agent run --profile @examples/oracle-agent.json --task examples/tasks/implement-roman
+
+    --json prints {"trial_dir", "rewards", "error": {"type", "message"} | null, "launch_plan_digest"}.
     """
-    raise _later("synth agent run", "the execution core")
+    from synth_cli.inputs import RecipeFile, profile_arg
+    from synth_cli.local_agent import agent_run_local
+
+    ui = Ui(json_mode=json_output)
+    spec = profile_arg(profile, option="--profile")
+    if isinstance(spec, RecipeFile):
+        recipe = spec.recipe
+    else:
+        import json
+
+        from synth_cli.profiles import profile_fetch, profile_latest_version
+
+        with api_open() as api:
+            version = spec.version or profile_latest_version(api, spec.name)
+            data, _ = profile_fetch(api, name=spec.name, version=version)
+        recipe = json.loads(data)
+    with ui.status(f"Running one attempt on {task}..."):
+        attempt = agent_run_local(recipe=recipe, task_dir=task, out_dir=out)
+    error = {"type": attempt.error_type, "message": attempt.error_message} if attempt.error_type else None
+    if json_output:
+        ui.emit_json(
+            {
+                "trial_dir": str(attempt.trial_dir),
+                "rewards": attempt.rewards,
+                "error": error,
+                "launch_plan_digest": attempt.launch_plan_digest,
+            }
+        )
+    else:
+        ui.fields(
+            [
+                ("trial dir", str(attempt.trial_dir)),
+                ("rewards", attempt.rewards),
+                ("error", error),
+                ("launch plan", f"sha256:{attempt.launch_plan_digest[:12]}"),
+            ]
+        )
+    if error:
+        raise CliError(f"the attempt ended in {attempt.error_type}: {attempt.error_message}")
 
 
 @app.command(

@@ -1,0 +1,219 @@
+"""Trial throughput of one trials worker on this machine: 100 trivial tasks with the oracle
+agent through real Celery workers, Harbor trials and the local bubblewrap sandbox.
+
+    .venv/bin/python bench/trials_throughput.py [--tasks 100] [--slots 4]
+
+Prints trials per minute, the sandbox start overhead (Harbor's environment-setup phase:
+sandbox creation, cgroups, workdir copy) p50/p99, per-trial wall time p50/p99, and the
+peak memory of the worker's process tree (sampled from /proc) against its memory
+budget. Uses PostgreSQL (DATABASE_URL, default database synth_bench) and Redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/synth_bench")
+os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/13")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synth_project.settings")
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+def make_tasks(root: Path, n: int) -> None:
+    for i in range(n):
+        d = root / f"trivial-{i:03d}"
+        (d / "environment").mkdir(parents=True)
+        (d / "environment" / "Dockerfile").write_text("FROM python:3.12-slim\nWORKDIR /app\n")
+        (d / "task.toml").write_text(
+            f'[task]\nname = "bench/trivial-{i:03d}"\n[agent]\ntimeout_sec = 60.0\n[verifier]\ntimeout_sec = 60.0\n'
+            '[environment]\ncpus = 0.25\nmemory_mb = 256\nstorage_mb = 64\nworkdir = "/app"\n'
+        )
+        (d / "instruction.md").write_text(f"Write {i} to /app/out.txt\n")
+        (d / "tests").mkdir()
+        (d / "tests" / "test.sh").write_text(
+            f'#!/bin/bash\n[ "$(cat /app/out.txt)" = "{i}" ] && echo 1 > /logs/verifier/reward.txt '
+            "|| echo 0 > /logs/verifier/reward.txt\n"
+        )
+        (d / "solution").mkdir()
+        (d / "solution" / "solve.sh").write_text(f"#!/bin/bash\necho {i} > /app/out.txt\n")
+
+
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of a process and all its descendants (from /proc), in MB."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            pages = int((entry / "statm").read_text().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+        rss[int(entry.name)] = pages
+    total, stack = 0, [pid]
+    while stack:
+        p = stack.pop()
+        total += rss.get(p, 0)
+        stack.extend(children.get(p, []))
+    return total * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=100)
+    parser.add_argument("--slots", type=int, default=4)
+    parser.add_argument("--memory-mb", type=int, default=4096, help="the worker's memory budget")
+    args = parser.parse_args()
+
+    import logging
+
+    import psycopg
+    import redis
+
+    url = os.environ["DATABASE_URL"]
+    with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+        name = url.rsplit("/", 1)[1]
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+    redis.Redis.from_url(os.environ["CELERY_BROKER_URL"]).flushdb()
+    import django
+
+    django.setup()
+    logging.getLogger().setLevel(logging.WARNING)
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    from apps.accounts.services import membership_set, org_get_or_create
+    from apps.datasets.services import dataset_import_dir
+    from apps.profiles.services import profile_publish
+    from apps.runs.models import Run, RunEvent, Trial
+    from apps.runs.services import run_submit
+
+    stamp = str(int(time.time()))
+    org = org_get_or_create(slug=f"bench-{stamp}")
+    user = membership_set(org=org, username=f"bench-{stamp}").user
+    with tempfile.TemporaryDirectory() as tmp:
+        make_tasks(Path(tmp), args.tasks)
+        dsv, _ = dataset_import_dir(org=org, name="trivial", version="1", path=Path(tmp))
+    actor, _ = profile_publish(
+        org=org,
+        name="oracle",
+        recipe={"engine": {"name": "oracle", "version": "1"}, "limits": {"timeout_sec": 60}},
+        created_by=user,
+    )
+    env = dict(
+        os.environ,
+        SYNTH_WORKER_SLOTS=str(args.slots),
+        SYNTH_WORKER_MEMORY_MB=str(args.memory_mb),
+        SYNTH_WORKER_NAME=f"bench-{stamp}",
+    )
+    work = tempfile.mkdtemp(prefix="synth-bench-")
+    env["SYNTH_WORK_DIR"] = work
+    log = open(Path(work) / "worker.log", "wb")
+    worker = subprocess.Popen(
+        [
+            str(ROOT / ".venv/bin/celery"),
+            "-A",
+            "synth_project",
+            "worker",
+            "-Q",
+            "control,trials",
+            "-c",
+            str(args.slots + 1),
+            "--without-gossip",
+            "--without-mingle",
+            "-l",
+            "WARNING",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    peak = {"rss": 0.0}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.2):
+            peak["rss"] = max(peak["rss"], tree_rss_mb(worker.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        time.sleep(3)  # the worker boots (imports Django, Harbor)
+        idle_rss = tree_rss_mb(worker.pid)
+        run, _ = run_submit(
+            org=org,
+            user=user,
+            idempotency_key=stamp,
+            body={
+                "kind": "evaluate",
+                "dataset": dsv.reference,
+                "actor": {"profile": "oracle", "version": actor.version},
+                "plan": {"attempts_per_task": 1, "max_concurrency": args.slots * 2},
+            },
+        )
+        deadline = time.monotonic() + 1800
+        while not Run.objects.get(pk=run.id).is_terminal and time.monotonic() < deadline:
+            time.sleep(0.5)
+        run.refresh_from_db()
+    finally:
+        done.set()
+        os.killpg(worker.pid, 15)
+        worker.wait(timeout=60)
+
+    trials = list(Trial.objects.filter(run=run))
+    starts = [t.started_at for t in trials if t.started_at]
+    ends = [t.finished_at for t in trials if t.finished_at]
+    span = (max(ends) - min(starts)).total_seconds()
+    setup = [
+        t.timings["environment_setup"]["seconds"]
+        for t in trials
+        if (t.timings or {}).get("environment_setup") and "seconds" in t.timings["environment_setup"]
+    ]
+    walls = [(t.finished_at - t.started_at).total_seconds() for t in trials if t.started_at and t.finished_at]
+    waits = RunEvent.objects.filter(run=run, type="admission.waiting").count()
+    reserved_peak = max(
+        (e.data["usage"]["memory_mb"] for e in RunEvent.objects.filter(run=run, type__startswith="admission.")),
+        default=0,
+    )
+    print(
+        f"run {run.id}: {run.status}, {len(trials)} trials, mean reward {run.summary.get('mean_reward')}, "
+        f"errors {run.summary.get('errors')}"
+    )
+    print(
+        f"throughput: {len(trials) / span * 60:,.1f} trials/min with {args.slots} slots on {os.cpu_count()} cores "
+        f"({span:.1f} s from first start to last finish)"
+    )
+    print(
+        f"sandbox start overhead (environment setup): p50 {statistics.median(setup) * 1000:.0f} ms, "
+        f"p99 {pct(setup, 0.99) * 1000:.0f} ms"
+    )
+    print(f"trial wall time (start to settled): p50 {statistics.median(walls):.2f} s, p99 {pct(walls, 0.99):.2f} s")
+    print(
+        f"memory: worker tree peak RSS {peak['rss']:.0f} MB (idle {idle_rss:.0f} MB) against a budget of "
+        f"{args.memory_mb} MB; peak reserved by admission {reserved_peak} MB; {waits} admission waits"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""`synth agent run`: one attempt on a local task folder, with the launcher and sandbox the
+trials workers use (apps.profiles.launcher, apps.runs.agents, the local bubblewrap
+sandbox). Unlike every other command this one executes locally, so it imports the
+platform's execution code (lazily: `synth --help` and the HTTP commands never do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from synth_cli.errors import CliError, UsageError
+
+
+@dataclass
+class LocalAttempt:
+    trial_dir: Path
+    rewards: dict[str, Any] | None
+    error_type: str | None
+    error_message: str | None
+    launch_plan_digest: str
+
+
+def _django() -> None:
+    # The launcher validates recipes with the platform's schema code, which needs settings.
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synth_project.settings")
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    os.environ.setdefault("SYNTH_LOG_LEVEL", "WARNING")
+    os.environ.setdefault("SYNTH_HARBOR_LOG_LEVEL", "WARNING")
+    import logging
+
+    import django
+
+    django.setup()
+    logging.getLogger("harbor").setLevel(logging.WARNING)
+
+
+def agent_run_local(*, recipe: dict[str, Any], task_dir: Path, out_dir: Path | None) -> LocalAttempt:
+    if not (task_dir / "task.toml").is_file():
+        raise UsageError(f"{task_dir}: not a Harbor task folder (no task.toml)")
+    _django()
+    from harbor.models.task.task import Task as HarborTask
+    from harbor.models.trial.config import EnvironmentConfig, TrialConfig
+    from harbor.models.trial.config import TaskConfig as HarborTaskConfig
+    from harbor.trial.trial import Trial as HarborTrial
+
+    from apps.core.errors import ServiceError
+    from apps.profiles.launcher import AttemptBinding, Bindings, LaunchError, RunBinding, TaskBinding, launch_plan_build
+    from apps.runs.agents import recipe_agent_config
+
+    try:
+        harbor_task = HarborTask(task_dir)
+    except Exception as exc:  # harbor raises several types for a malformed task
+        raise UsageError(f"{task_dir}: {exc}") from None
+    attempt_id = f"local-{uuid.uuid4().hex[:12]}"
+    bindings = Bindings(
+        task=TaskBinding(
+            name=harbor_task.name,
+            workdir=harbor_task.config.environment.workdir or "/app",
+            instruction=harbor_task.instruction,
+            agent_timeout_sec=harbor_task.config.agent.timeout_sec,
+        ),
+        run=RunBinding(id="local", kind="execute"),
+        attempt=AttemptBinding(trial_id=attempt_id, index=0),
+    )
+    try:
+        plan = launch_plan_build(recipe=recipe, bindings=bindings)
+    except (LaunchError, ServiceError) as exc:
+        field = getattr(exc, "field", None)
+        raise CliError(f"recipe: {field + ': ' if field else ''}{getattr(exc, 'message', exc)}") from None
+    trials_dir = out_dir or Path(tempfile.mkdtemp(prefix="synth-agent-"))
+    config = TrialConfig(
+        task=HarborTaskConfig(path=task_dir.resolve()),
+        trial_name=attempt_id,
+        trials_dir=trials_dir,
+        agent=recipe_agent_config(plan=plan, task_dir=task_dir.resolve()),
+        environment=EnvironmentConfig(import_path="apps.runs.sandbox.environment:LocalSandboxEnvironment"),
+    )
+
+    async def main() -> Any:
+        trial = await HarborTrial.create(config)
+        return await trial.run()
+
+    try:
+        result = asyncio.run(main())
+    except Exception as exc:  # e.g. the sandbox refuses the task before it starts
+        raise CliError(f"{task_dir}: {exc}") from None
+    info = result.exception_info
+    return LocalAttempt(
+        trial_dir=trials_dir / attempt_id,
+        rewards=result.verifier_result.rewards if result.verifier_result else None,
+        error_type=info.exception_type if info else None,
+        error_message=info.exception_message if info else None,
+        launch_plan_digest=plan.digest(),
+    )
