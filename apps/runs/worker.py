@@ -319,6 +319,12 @@ def harbor_trial_run(
             disable=trial.run.kind == RunKind.EXECUTE,
             override_timeout_sec=plan.get("verifier_timeout_sec"),
         ),
+        # An unscored run's product is the work itself: collect the workdir as artifacts.
+        artifacts=(
+            [{"source": launch_plan.workdir, "destination": "workdir", "exclude": [".git", "__pycache__"]}]
+            if trial.run.kind == RunKind.EXECUTE
+            else []
+        ),
     )
 
     async def main() -> tuple[Any, bool]:
@@ -368,6 +374,8 @@ def _artifact_kind(name: str) -> str:
     top = name.split("/", 1)[0]
     if top == "artifacts" and "/outputs/" in f"/{name}":
         return "output"
+    if name.startswith("artifacts/workdir/"):
+        return "work"
     if name.endswith((".jsonl",)) and top == "agent":
         return "transcript"
     return {"agent": "agent", "verifier": "verifier", "artifacts": "artifact"}.get(top, "trial")

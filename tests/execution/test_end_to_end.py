@@ -94,6 +94,9 @@ def test_execute_run_returns_artifacts_without_rewards(stack, alice):
     assert "launch-plan.json" in names
     assert any(n.startswith("agent/") for n in names), names
     assert not any(n.startswith("verifier/reward") for n in names)  # the verifier did not run
+    # The work itself comes back: the agent's /app/out.json is an artifact of kind "work".
+    work = Artifact.objects.get(trial=trial, name__endswith="workdir/out.json")
+    assert work.kind == "work" and work.size > 0
     listed = alice.client.get(f"/api/runs/{run_id}/artifacts").json()["results"]
     assert {a["name"] for a in listed} == names
     some = listed[0]
