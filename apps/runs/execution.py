@@ -125,13 +125,7 @@ def trial_claim(*, worker: WorkerIdentity, trial_id: str, node_name: str) -> Lea
             return None
         unit = trial_unit(trial.id)
         if run.cancel_requested_at is not None or run.is_terminal:
-            _trial_settle(
-                run=run,
-                trial=trial,
-                status=TrialStatus.CANCELLED,
-                error_type="Cancelled",
-                error_message="the run was cancelled before this trial started",
-            )
+            _trial_cancel(run=run, trial=trial, why="the run was cancelled before this trial started")
             return None
         active = Lease.objects.select_for_update().filter(run=run, unit=unit, status=LeaseStatus.ACTIVE).first()
         if active is not None:
@@ -244,6 +238,10 @@ def _trial_settle(
         _run_finalize(run=run)
 
 
+def _trial_cancel(*, run: Run, trial: Trial, why: str) -> None:
+    _trial_settle(run=run, trial=trial, status=TrialStatus.CANCELLED, error_type="Cancelled", error_message=why)
+
+
 def _run_finalize(*, run: Run) -> None:
     trials = list(run.trials.select_related("task_version"))
     run.summary = run_summarize(trials=trials, scored=run.kind != RunKind.EXECUTE)
@@ -263,15 +261,8 @@ def run_cancel_trials(*, run: Run) -> None:
     """On cancel: trials that have not started end now; running ones learn it through
     their lease heartbeat. Caller holds the run lock."""
     for trial in run.trials.select_for_update().filter(status=TrialStatus.PENDING):
-        _trial_settle(
-            run=run,
-            trial=trial,
-            status=TrialStatus.CANCELLED,
-            error_type="Cancelled",
-            error_message="the run was cancelled before this trial started",
-        )
-        run.refresh_from_db()
-        if run.is_terminal:
+        _trial_cancel(run=run, trial=trial, why="the run was cancelled before this trial started")
+        if run.is_terminal:  # the last pending trial settled the run
             return
 
 
@@ -283,13 +274,7 @@ def trial_lease_lapsed(*, run: Run, lease: Lease) -> bool:
         return False
     plan = run.spec.plan
     if run.cancel_requested_at is not None:
-        _trial_settle(
-            run=run,
-            trial=trial,
-            status=TrialStatus.CANCELLED,
-            error_type="Cancelled",
-            error_message="the run was cancelled while this trial's worker was gone",
-        )
+        _trial_cancel(run=run, trial=trial, why="the run was cancelled while this trial's worker was gone")
         return False
     if plan.get("on_lost", "retry") == "retry" and trial.tries <= plan.get("max_retries", 1):
         trial.status = TrialStatus.PENDING
