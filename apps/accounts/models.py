@@ -115,3 +115,28 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.worker or self.user})"
+
+
+class ModelCredential(models.Model):
+    """A short-lived model credential for one attempt: what the sandboxed agent holds.
+
+    Bound to an organization, a run and an attempt (plain ids: accounts must not depend on
+    runs), one model route and the sampler snapshot it may use, and an expiry. The model
+    proxy serves it that route and snapshot only. Stored like ApiToken: a lookup prefix and
+    the SHA-256 of the whole secret; the secret is handed out once.
+    """
+
+    id = PrefixedIdField(prefix="mcr")
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="model_credentials")
+    run_id = models.CharField(max_length=40, db_index=True)
+    trial_id = models.CharField(max_length=40, db_index=True)
+    route = models.CharField(max_length=100, help_text="model route name")
+    snapshot = models.CharField(max_length=300, blank=True, help_text="sampler snapshot (base, checkpoint ...)")
+    prefix = models.CharField(max_length=16, unique=True)
+    token_hash = models.CharField(max_length=64)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.trial_id} -> {self.route})"

@@ -16,6 +16,7 @@ from django.utils import timezone
 from apps.accounts.models import (
     ApiToken,
     Membership,
+    ModelCredential,
     Organization,
     Role,
     WorkerIdentity,
@@ -113,3 +114,41 @@ def token_verify(*, secret: str) -> ApiToken | None:
     if token.last_used_at is None or now - token.last_used_at > LAST_USED_GRANULARITY:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return token
+
+
+# MODEL CREDENTIALS
+# ------------------------------------------------------------------------------
+# Scheme of per-attempt model credentials: distinct from TOKEN_SCHEME so that a secret
+# names the table it lives in (and an attempt credential never authenticates /api).
+MODEL_CREDENTIAL_SCHEME = "synm"
+
+
+def model_credential_issue(
+    *,
+    org: Organization,
+    run_id: str,
+    trial_id: str,
+    route: str,
+    snapshot: str,
+    ttl: timedelta,
+) -> tuple[ModelCredential, str]:
+    """A credential for one attempt's model calls: (row, secret). The secret is shown once."""
+    if ttl <= timedelta(0):
+        raise ValueError("ttl must be positive")
+    prefix = secrets.token_hex(6)
+    secret = f"{MODEL_CREDENTIAL_SCHEME}_{prefix}_{secrets.token_urlsafe(32)}"
+    cred = ModelCredential.objects.create(
+        org=org,
+        run_id=run_id,
+        trial_id=trial_id,
+        route=route,
+        snapshot=snapshot,
+        prefix=prefix,
+        token_hash=token_hash(secret),
+        expires_at=timezone.now() + ttl,
+    )
+    return cred, secret
+
+
+def model_credential_revoke(*, cred: ModelCredential) -> None:
+    ModelCredential.objects.filter(pk=cred.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())

@@ -1,3 +1,11 @@
-from django.urls import path  # noqa: F401
+"""/api routes of the proxy (mounted at /api/)."""
 
-urlpatterns: list = []
+from django.urls import path
+
+from apps.proxy import apis
+
+urlpatterns = [
+    path("models", apis.ModelListApi.as_view(), name="models"),
+    path("interactions", apis.InteractionListApi.as_view(), name="interactions"),
+    path("interactions/<str:interaction_id>", apis.InteractionDetailApi.as_view(), name="interaction-detail"),
+]

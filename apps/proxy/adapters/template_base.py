@@ -1,0 +1,198 @@
+"""Shared machinery of the DeepSeek, Kimi K2 and GLM-4.5/4.6 adapters.
+
+Each of those adapters renders its family's official chat template in plain Python as a list
+of *chunks*: strings that each begin at an added (special) token of the tokenizer. A
+`tokenizers` tokenizer splits its input on added tokens before normalizing or pre-tokenizing,
+so no token spans a chunk boundary and the ids of the whole prompt are the concatenation of
+each chunk's ids. That makes two things cheap and exact:
+
+- a per-adapter LRU of chunk ids: Claude Code resends the same ~18K-token system + tools
+  chunk and the whole history on every call, so only the new chunks are tokenized;
+- splicing: when the model sampled an assistant turn whose canonical re-rendering tokenizes
+  differently (non-canonical JSON spacing in tool arguments, an unusual BPE split, ...),
+  `parse` records the sampled ids in a `SampledTurnMemo` (shared design with the Qwen
+  adapter), keyed by the canonical text of the turn's body. When a later request carries the
+  same blocks back, the body's ids come from the memo instead of re-tokenization, so the
+  next prompt contains exactly the ids that were sampled. The memo is per process and
+  bounded; a miss falls back to the canonical rendering (what the official template gives).
+
+The Anthropic -> template-message mapping is the Qwen adapter's `to_chat_messages`, so all
+families agree on how system blocks, user text blocks, images, tool results (is_error) and
+thinking blocks are turned into template input.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+from abc import abstractmethod
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from apps.proxy.adapters.base import ChatAdapter, ParsedOutput, RenderedPrompt, StopReason
+from apps.proxy.adapters.qwen import SampledTurnMemo, to_chat_messages
+
+# Chunks shorter than this are tokenized every time: caching them costs more than it saves.
+CACHE_MIN_CHARS = 512
+
+
+@dataclass(frozen=True)
+class Splice:
+    """A chunk whose ids are given (header ids + sampled body ids) rather than tokenized."""
+
+    text: str
+    ids: list[int]
+
+
+Chunk = str | Splice
+
+
+class _IdsCache:
+    """Bounded (by total ids), thread-safe LRU: chunk text -> its token ids."""
+
+    def __init__(self, max_ids: int = 4_000_000) -> None:
+        self._data: OrderedDict[str, array] = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+        self.max_ids = max_ids
+
+    def get(self, text: str) -> array | None:
+        with self._lock:
+            ids = self._data.get(text)
+            if ids is not None:
+                self._data.move_to_end(text)
+            return ids
+
+    def put(self, text: str, ids: Sequence[int]) -> None:
+        if len(ids) > self.max_ids // 4:
+            return
+        with self._lock:
+            if text in self._data:
+                return
+            self._data[text] = array("i", ids)
+            self._size += len(ids)
+            while self._size > self.max_ids:
+                _, old = self._data.popitem(last=False)
+                self._size -= len(old)
+
+
+class TemplateAdapter(ChatAdapter):
+    """Base of the adapters that render chunked templates (see the module docstring).
+
+    Subclasses implement `_chunks(request)` and `parse`, and set `stop_tokens`.
+    """
+
+    stop_tokens: tuple[str, ...] = ()
+
+    def __init__(self, *, tokenizer: Any, memo: SampledTurnMemo | None = None) -> None:
+        super().__init__(tokenizer=tokenizer)
+        self.memo = memo if memo is not None else SampledTurnMemo()
+        self._cache = _IdsCache()
+        self._stop_ids = [self.token_id(t) for t in self.stop_tokens]
+
+    # --- tokens ------------------------------------------------------------------------------
+
+    def token_id(self, token: str) -> int:
+        token_id = self.tokenizer.token_to_id(token)
+        if token_id is None:
+            raise ValueError(f"{token!r} is not in this tokenizer: wrong family?")
+        return int(token_id)
+
+    def stop_token_ids(self) -> list[int]:
+        return list(self._stop_ids)
+
+    # --- rendering ---------------------------------------------------------------------------
+
+    @abstractmethod
+    def _chunks(self, request: dict[str, Any]) -> list[Chunk]:
+        """The prompt as chunks, each starting at an added token (the first may start at the
+        very beginning of the prompt)."""
+
+    def render_text(self, *, request: dict[str, Any]) -> str:
+        return "".join(c.text if isinstance(c, Splice) else c for c in self._chunks(request))
+
+    def render(self, *, request: dict[str, Any]) -> RenderedPrompt:
+        chunks = self._chunks(request)
+        return RenderedPrompt(text="".join(c.text if isinstance(c, Splice) else c for c in chunks),
+                              token_ids=self._tokenize(chunks))
+
+    def _tokenize(self, chunks: list[Chunk]) -> list[int]:
+        known: dict[str, Sequence[int]] = {}
+        missing: list[str] = []
+        for chunk in chunks:
+            if isinstance(chunk, Splice) or chunk in known:
+                continue
+            cached = self._cache.get(chunk) if len(chunk) >= CACHE_MIN_CHARS else None
+            if cached is None:
+                missing.append(chunk)
+                known[chunk] = ()
+            else:
+                known[chunk] = cached
+        if missing:
+            # One call into the Rust tokenizer for everything new (it parallelizes a batch).
+            encoded = self.tokenizer.encode_batch(missing, add_special_tokens=False)
+            for chunk, enc in zip(missing, encoded, strict=True):
+                known[chunk] = enc.ids
+                if len(chunk) >= CACHE_MIN_CHARS:
+                    self._cache.put(chunk, enc.ids)
+        out: list[int] = []
+        for chunk in chunks:
+            out += chunk.ids if isinstance(chunk, Splice) else known[chunk]
+        return out
+
+    def _turn(self, header: str, body: str) -> Chunk:
+        """An assistant turn: `header` (ending in an added token) + `body`, spliced with the
+        sampled ids when `parse` recorded a non-canonical sample of this exact body."""
+        sampled = self.memo.get(body)
+        if sampled is None:
+            return header + body
+        return Splice(header + body, self.encode(header) + sampled)
+
+    def _remember(self, body: str, sampled_ids: list[int]) -> None:
+        """Record `sampled_ids` for `body` when re-tokenizing `body` would give other ids."""
+        if self.encode(body) != sampled_ids:
+            self.memo.put(body, sampled_ids)
+
+    # --- parsing helpers ---------------------------------------------------------------------
+
+    def _split_stop(self, token_ids: Sequence[int], stopped: bool) -> tuple[list[int], int | None]:
+        """(the turn's ids without a final stop token, that stop token or None)."""
+        ids = list(token_ids)
+        if stopped and ids and ids[-1] in self._stop_ids:
+            return ids[:-1], ids[-1]
+        return ids, None
+
+    @staticmethod
+    def _digest(id_seed: str, ids: Sequence[int]) -> str:
+        return hashlib.sha256(id_seed.encode("utf-8") + b"\0" + array("i", ids).tobytes()).hexdigest()
+
+    @staticmethod
+    def _tool_use_id(digest: str, index: int) -> str:
+        """A deterministic Anthropic-style id: same sample and seed -> same id."""
+        return "toolu_" + hashlib.sha256(f"{digest}:{index}".encode()).hexdigest()[:24]
+
+    @staticmethod
+    def _stop_reason(stopped: bool, calls: int) -> StopReason:
+        if not stopped:
+            return "max_tokens"
+        return "tool_use" if calls else "end_turn"
+
+    @abstractmethod
+    def parse(self, *, token_ids: list[int], stopped: bool, id_seed: str = "") -> ParsedOutput:
+        """Sampled ids -> Anthropic blocks; never raises on model output."""
+
+
+def assistant_message(blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Parsed blocks as the template message the next request will carry for them."""
+    messages, _tools = to_chat_messages({"messages": [{"role": "assistant", "content": blocks}]})
+    return messages[0] if messages else {"role": "assistant", "content": "", "reasoning_content": ""}
+
+
+def text_block(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def thinking_block(text: str) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": text, "signature": ""}

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from apps.accounts.models import ModelCredential
+from apps.core.admin_utils import ReadOnlyAdmin
+from apps.proxy.models import Interaction, ModelRoute
+
+
+@admin.register(ModelRoute)
+class ModelRouteAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "family",
+        "tokenizer",
+        "context_window",
+        "max_output",
+        "sampler_backend",
+        "trainable",
+        "inference_enabled",
+    ]
+    list_filter = ["family", "sampler_backend", "trainable", "inference_enabled"]
+    search_fields = ["name", "family"]
+    readonly_fields = ["id", "created_at", "updated_at"]
+
+
+@admin.register(Interaction)
+class InteractionAdmin(ReadOnlyAdmin):
+    list_display = [
+        "id",
+        "org",
+        "route",
+        "run_id",
+        "trial_id",
+        "agent_id",
+        "stop_reason",
+        "prompt_tokens",
+        "output_tokens",
+        "delivery",
+        "integrity",
+        "eligibility",
+        "created_at",
+    ]
+    list_filter = ["delivery", "integrity", "eligibility", "route"]
+    search_fields = ["id", "run_id", "trial_id", "session_id", "correlation_id"]
+    # The staged payload can be megabytes of ids: never render it in the admin.
+    exclude = ["payload"]
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).select_related("org", "route").defer("payload")
+
+
+# Model credentials live in accounts (accounts must not depend on the proxy); they are
+# browsed and revoked from here, next to the calls they made.
+@admin.register(ModelCredential)
+class ModelCredentialAdmin(admin.ModelAdmin):
+    list_display = ["prefix", "org", "run_id", "trial_id", "route", "snapshot", "expires_at", "revoked_at"]
+    list_filter = ["route"]
+    search_fields = ["prefix", "run_id", "trial_id"]
+    readonly_fields = [f.name for f in ModelCredential._meta.fields if f.name != "revoked_at"]
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # issued by the platform for an attempt, never by hand

@@ -1,0 +1,115 @@
+"""Control API of the proxy (under /api/, scoped by organization): routes and interactions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.core.pagination import IdCursorPagination
+from apps.proxy import selectors
+from apps.proxy.models import Integrity, Interaction, ModelRoute
+
+
+def route_dict(route: ModelRoute) -> dict[str, Any]:
+    return {
+        "name": route.name,
+        "family": route.family,
+        "context_window": route.context_window,
+        "max_output": route.max_output,
+        "trainable": route.trainable,
+        "inference_enabled": route.inference_enabled,
+        "aliases": list(route.aliases or []),
+    }
+
+
+def interaction_dict(interaction: Interaction) -> dict[str, Any]:
+    return {
+        "id": interaction.id,
+        "run": interaction.run_id or None,
+        "trial": interaction.trial_id or None,
+        "principal": interaction.principal_kind,
+        "correlation_id": interaction.correlation_id or None,
+        "session_id": interaction.session_id or None,
+        "agent_id": interaction.agent_id or None,
+        "parent_agent_id": interaction.parent_agent_id or None,
+        "route": interaction.route.name,
+        "model_requested": interaction.model_requested,
+        "snapshot": interaction.snapshot,
+        "stream": interaction.stream,
+        "stop_reason": interaction.stop_reason or None,
+        "parse_errors": interaction.parse_errors,
+        "prompt_tokens": interaction.prompt_tokens,
+        "output_tokens": interaction.output_tokens,
+        "fitted": interaction.fitted,
+        "timings": interaction.timings,
+        "delivery": {
+            "state": interaction.delivery,
+            "error": interaction.delivery_error or None,
+            "delivered_at": interaction.delivered_at,
+        },
+        "integrity": {
+            "state": interaction.integrity,
+            "sha256": interaction.payload_sha256 or None,
+            "size": interaction.payload_size,
+            "published_at": interaction.published_at,
+            "verified_at": interaction.verified_at,
+        },
+        "eligibility": {"state": interaction.eligibility, "reason": interaction.eligibility_reason or None},
+        "created_at": interaction.created_at,
+    }
+
+
+class ModelListApi(APIView):
+    @extend_schema(responses={200: dict}, description="Model routes: family, context window, max output, trainable.")
+    def get(self, request: Request) -> Response:
+        return Response({"results": [route_dict(r) for r in selectors.route_list()]})
+
+
+class InteractionListApi(APIView):
+    class FilterSerializer(serializers.Serializer):
+        run = serializers.CharField(required=False)
+        trial = serializers.CharField(required=False)
+
+    @extend_schema(parameters=[FilterSerializer], responses={200: dict})
+    def get(self, request: Request) -> Response:
+        filters = self.FilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        qs = selectors.interaction_list(
+            org=request.auth.org,
+            run_id=filters.validated_data.get("run"),
+            trial_id=filters.validated_data.get("trial"),
+        )
+        paginator = IdCursorPagination()
+        page = paginator.paginate_queryset(qs, request, view=self)
+        return paginator.get_paginated_response([interaction_dict(i) for i in page])
+
+
+class InteractionDetailApi(APIView):
+    @extend_schema(
+        responses={200: dict},
+        description="One captured call. Once published, `payload.download` is a read grant for the token "
+        "payload (canonical JSON, sha256 in `integrity`); before, `payload.inline` holds the staged payload.",
+    )
+    def get(self, request: Request, interaction_id: str) -> Response:
+        from apps.objects.services import object_read_grant
+
+        interaction = selectors.interaction_get(org=request.auth.org, interaction_id=interaction_id)
+        data = interaction_dict(interaction)
+        if interaction.integrity == Integrity.STAGED:
+            data["payload"] = {"inline": interaction.payload, "download": None}
+        else:
+            grant = object_read_grant(org=request.auth.org, sha256=interaction.payload_sha256)
+            data["payload"] = {
+                "inline": None,
+                "download": {
+                    "url": grant.request.url,
+                    "method": grant.request.method,
+                    "expires_at": grant.request.expires_at,
+                },
+            }
+        return Response(data)

@@ -1,0 +1,271 @@
+"""Capture of model calls: staged before the response completes, published after delivery.
+
+Lifecycle of an Interaction (three independent facts):
+
+* integrity: ``staged`` — the row, written before message_stop (stream) or before the JSON
+  is returned, holds the whole token payload; ``published`` — the evidence publisher
+  (Celery task "evidence.publish" on the evidence queue) uploaded the payload's canonical
+  JSON create-only under its sha256 and committed the reference, clearing the staged
+  payload; ``verified`` — the stored bytes were read back and matched the sha256.
+* delivery: ``pending`` until the response is handed over in full (``delivered``), the
+  client went away first (``client_disconnected``) or the call failed (``failed``).
+* learning eligibility: ``unknown`` while pending; then ``eligible`` for a delivered call
+  of an attempt, or ``ineligible`` with a reason (interactive, disconnected, failed,
+  logprobs missing). Training's own qualification comes on top of this.
+
+Staging first means a crash after the client got its answer can lose no evidence: the
+row exists, and the sweeper (``evidence.sweep``) re-enqueues staged rows whose publish
+message was lost. Publishing is idempotent: content addressing makes a second upload a
+no-op, and state changes are conditional updates.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from apps.core.canonical import canonical_bytes
+from apps.objects.selectors import object_get
+from apps.objects.services import object_put, object_read
+from apps.proxy.models import Delivery, Eligibility, Integrity, Interaction
+
+logger = logging.getLogger(__name__)
+
+PAYLOAD_FORMAT = "synth.interaction/1"
+PAYLOAD_CONTENT_TYPE = "application/json"
+# Staging happens after sampling, so only the streaming of parsed blocks remains.
+UNSETTLED_AFTER = timedelta(minutes=10)
+
+
+def finite_floats(values: list[Any]) -> tuple[list[float | None], bool]:
+    """Logprobs with non-finite values replaced by None (JSON and canonical bytes refuse
+    NaN/inf), and whether all were finite."""
+    out: list[float | None] = []
+    ok = True
+    for v in values:
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            out.append(float(v))
+        else:
+            out.append(None)
+            ok = False
+    return out, ok
+
+
+@dataclass
+class CaptureRecord:
+    """Everything staged about one call; built by services, written here."""
+
+    org_id: str
+    principal_kind: str
+    credential_id: str
+    token_id: str
+    run_id: str
+    trial_id: str
+    correlation_id: str
+    session_id: str
+    agent_id: str
+    parent_agent_id: str
+    request_id: str
+    route_id: str
+    route: dict[str, Any]
+    model_requested: str
+    stream: bool
+    snapshot: dict[str, Any]
+    request: dict[str, Any]  # the effective request (after fitting): what was rendered
+    sampling: dict[str, Any]
+    fitting: list[dict[str, Any]]
+    original_prompt_tokens: int
+    prompt_ids: list[int]
+    prompt_reused_ids: int
+    output_ids: list[int] = field(default_factory=list)
+    delivered_output_ids: int | None = None  # set when a stop sequence cut the output
+    logprobs: list[Any] = field(default_factory=list)
+    finish: str = ""
+    content: list[dict[str, Any]] = field(default_factory=list)
+    stop_reason: str = ""
+    stop_sequence: str | None = None
+    parse_errors: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+    betas: list[str] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def _payload(interaction_id: str, rec: CaptureRecord, logprobs: list[float | None]) -> dict[str, Any]:
+    return {
+        "format": PAYLOAD_FORMAT,
+        "id": interaction_id,
+        "org": rec.org_id,
+        "run_id": rec.run_id,
+        "trial_id": rec.trial_id,
+        "correlation_id": rec.correlation_id,
+        "session_id": rec.session_id,
+        "agent_id": rec.agent_id,
+        "parent_agent_id": rec.parent_agent_id,
+        "request_id": rec.request_id,
+        "route": rec.route,
+        "model_requested": rec.model_requested,
+        "snapshot": rec.snapshot,
+        # JSON text, not an object: the template serializes tool schemas and arguments in
+        # their key order, which JSONB storage and canonical JSON (sorted keys) would not
+        # keep. json.loads of this string re-renders to exactly `prompt_ids`.
+        "request_json": json.dumps(rec.request, ensure_ascii=False, separators=(",", ":")),
+        "sampling": rec.sampling,
+        "fitting": rec.fitting,
+        "original_prompt_tokens": rec.original_prompt_tokens,
+        "prompt_ids": rec.prompt_ids,
+        "prompt_reused_ids": rec.prompt_reused_ids,
+        "output_ids": rec.output_ids,
+        "delivered_output_ids": rec.delivered_output_ids,
+        "logprobs": logprobs,
+        "finish": rec.finish,
+        "content": rec.content,
+        "stop_reason": rec.stop_reason,
+        "stop_sequence": rec.stop_sequence,
+        "parse_errors": rec.parse_errors,
+        "timings": rec.timings,
+        "error": rec.error,
+        "anthropic_beta": rec.betas,
+        "metadata": rec.metadata,
+    }
+
+
+def interaction_stage(*, rec: CaptureRecord, delivery: str = Delivery.PENDING) -> Interaction:
+    """Write the row with its whole payload (integrity staged). Called before the
+    response completes; `delivery` is pending unless the call already failed."""
+    logprobs, finite = finite_floats(rec.logprobs)
+    interaction = Interaction(
+        org_id=rec.org_id,
+        principal_kind=rec.principal_kind,
+        credential_id=rec.credential_id,
+        token_id=rec.token_id,
+        run_id=rec.run_id,
+        trial_id=rec.trial_id,
+        correlation_id=rec.correlation_id[:100],
+        session_id=rec.session_id[:100],
+        agent_id=rec.agent_id[:100],
+        parent_agent_id=rec.parent_agent_id[:100],
+        request_id=rec.request_id,
+        route_id=rec.route_id,
+        model_requested=rec.model_requested[:300],
+        snapshot=rec.snapshot,
+        stream=rec.stream,
+        stop_reason=rec.stop_reason,
+        parse_errors=rec.parse_errors,
+        prompt_tokens=len(rec.prompt_ids),
+        output_tokens=len(rec.output_ids),
+        fitted=bool(rec.fitting),
+        timings=rec.timings,
+        delivery=delivery,
+        delivery_error=rec.error,
+        integrity=Integrity.STAGED,
+    )
+    interaction.payload = _payload(interaction.id, rec, logprobs)
+    if not finite or len(rec.logprobs) != len(rec.output_ids):
+        # Known now and independent of delivery: no importance weights for this call.
+        interaction.eligibility = Eligibility.INELIGIBLE
+        interaction.eligibility_reason = "logprobs missing or not finite"
+    interaction.save(force_insert=True)
+    return interaction
+
+
+def _eligibility(interaction: Interaction, delivery: str) -> tuple[str, str]:
+    if interaction.eligibility == Eligibility.INELIGIBLE:
+        return interaction.eligibility, interaction.eligibility_reason
+    if delivery == Delivery.FAILED:
+        return Eligibility.INELIGIBLE, "the call failed"
+    if delivery == Delivery.CLIENT_DISCONNECTED:
+        return Eligibility.INELIGIBLE, "the client disconnected before the response completed"
+    if interaction.principal_kind != "attempt":
+        return Eligibility.INELIGIBLE, "interactive session (no attempt)"
+    return Eligibility.ELIGIBLE, ""
+
+
+def interaction_settle(*, interaction_id: str, delivery: str, error: str = "") -> None:
+    """Record how delivery ended (once: a pending row only) and the eligibility that
+    follows, then hand the row to the publisher."""
+    with transaction.atomic():
+        interaction = (
+            Interaction.objects.select_for_update()
+            .only("id", "principal_kind", "eligibility", "eligibility_reason", "delivery")
+            .filter(pk=interaction_id)
+            .first()
+        )
+        if interaction is None or interaction.delivery != Delivery.PENDING:
+            return
+        eligibility, reason = _eligibility(interaction, delivery)
+        Interaction.objects.filter(pk=interaction_id).update(
+            delivery=delivery,
+            delivery_error=error[:2000],
+            delivered_at=timezone.now() if delivery == Delivery.DELIVERED else None,
+            eligibility=eligibility,
+            eligibility_reason=reason,
+        )
+    publish_enqueue(interaction_id=interaction_id)
+
+
+def publish_enqueue(*, interaction_id: str) -> None:
+    """Queue the publication. A broker failure must not fail the call: the row is staged
+    and the sweeper will find it."""
+    from apps.proxy.tasks import evidence_publish_task
+
+    try:
+        evidence_publish_task.apply_async(args=[interaction_id], retry=False)
+    except Exception:  # noqa: BLE001 - the sweeper is the fallback
+        logger.warning("could not enqueue evidence.publish for %s; the sweeper will retry", interaction_id)
+
+
+def interaction_publish(*, interaction_id: str) -> str:
+    """Upload a staged payload create-only with its sha256, commit the reference, clear
+    the payload; then read it back and mark it verified. Idempotent. Returns the state."""
+    interaction = Interaction.objects.select_related("org").filter(pk=interaction_id).first()
+    if interaction is None:
+        return "missing"
+    if interaction.integrity == Integrity.STAGED:
+        if interaction.payload is None:
+            raise ValueError(f"{interaction_id} is staged without a payload")
+        data = canonical_bytes(interaction.payload)
+        obj = object_put(org=interaction.org, data=data, content_type=PAYLOAD_CONTENT_TYPE)
+        # Conditional: a concurrent publisher that got here first already did the same.
+        Interaction.objects.filter(pk=interaction_id, integrity=Integrity.STAGED).update(
+            integrity=Integrity.PUBLISHED,
+            payload_sha256=obj.sha256,
+            payload_size=obj.size,
+            published_at=timezone.now(),
+            payload=None,
+        )
+        interaction.refresh_from_db(fields=["integrity", "payload_sha256"])
+    if interaction.integrity == Integrity.PUBLISHED:
+        obj = object_get(org=interaction.org, sha256=interaction.payload_sha256)
+        object_read(obj=obj)  # re-hashes the stored bytes; raises if they do not match
+        Interaction.objects.filter(pk=interaction_id, integrity=Integrity.PUBLISHED).update(
+            integrity=Integrity.VERIFIED, verified_at=timezone.now()
+        )
+        return Integrity.VERIFIED
+    return interaction.integrity
+
+
+def staged_sweep(*, older_than: timedelta = timedelta(minutes=2), limit: int = 500) -> int:
+    """Re-enqueue staged interactions whose publication has not happened (a lost message,
+    a crash between staging and delivery). Bounded per sweep."""
+    cutoff = timezone.now() - older_than
+    # A row still pending long after staging belongs to a proxy that stopped mid-response.
+    for interaction_id in Interaction.objects.filter(
+        delivery=Delivery.PENDING, created_at__lt=timezone.now() - UNSETTLED_AFTER
+    ).values_list("id", flat=True)[:limit]:
+        interaction_settle(interaction_id=interaction_id, delivery=Delivery.FAILED, error="never settled")
+    ids = list(
+        Interaction.objects.filter(integrity__in=[Integrity.STAGED, Integrity.PUBLISHED], created_at__lt=cutoff)
+        .order_by("created_at")
+        .values_list("id", flat=True)[:limit]
+    )
+    for interaction_id in ids:
+        publish_enqueue(interaction_id=interaction_id)
+    return len(ids)

@@ -1,0 +1,119 @@
+"""Who is calling the model proxy, and which route and snapshot they may use.
+
+Two kinds of caller:
+
+* attempt: a per-attempt ModelCredential (``synm_...``) held by the agent in a sandbox,
+  bound to (organization, run, attempt, route, snapshot, expiry). Whatever model name a
+  request carries — the main agent's, a delegated agent's "claude-haiku-*", "sonnet" —
+  it is served by the credential's route and snapshot; naming ANOTHER configured route
+  is 403 permission_error. Expired or revoked: 401 authentication_error.
+* operator: an ApiToken (``syn_...``) of an operator or admin, for interactive sessions
+  (``synth claude``) under their organization: any inference-enabled route, resolved by
+  name or alias; the route's default snapshot. Viewers (read-only) and worker
+  identities (claim and report, nothing else) are 403.
+
+The secret comes from ``x-api-key`` (ANTHROPIC_API_KEY) or ``Authorization: Bearer``
+(ANTHROPIC_AUTH_TOKEN); Claude Code's apiKeyHelper sends the same value in both.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import Literal
+
+from django.utils import timezone
+
+from apps.accounts.models import Membership, ModelCredential, Organization, Role
+from apps.accounts.services import MODEL_CREDENTIAL_SCHEME, token_hash, token_verify
+from apps.proxy.errors import AuthenticationFailed, NotFound, PermissionDenied
+from apps.proxy.models import ModelRoute
+from apps.proxy.selectors import route_resolve
+
+MODEL_ROLES = (Role.ADMIN, Role.OPERATOR)
+
+
+@dataclass(frozen=True)
+class Caller:
+    org: Organization
+    kind: Literal["attempt", "operator"]
+    token_id: str = ""  # the ApiToken of an operator
+    credential: ModelCredential | None = None
+
+    @property
+    def key(self) -> str:
+        """What admission and the prefix cache scope by: the credential or the token."""
+        return self.credential.id if self.credential is not None else self.token_id
+
+    @property
+    def run_id(self) -> str:
+        return self.credential.run_id if self.credential is not None else ""
+
+    @property
+    def trial_id(self) -> str:
+        return self.credential.trial_id if self.credential is not None else ""
+
+
+def secret_from_headers(headers: object) -> str | None:
+    get = headers.get  # type: ignore[attr-defined]
+    key = (get("x-api-key") or "").strip()
+    if key:
+        return key
+    auth = (get("authorization") or "").strip()
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip() or None
+    return None
+
+
+def _credential_verify(secret: str) -> ModelCredential:
+    parts = secret.split("_", 2)
+    if len(parts) != 3:
+        raise AuthenticationFailed("invalid x-api-key")
+    cred = ModelCredential.objects.select_related("org").filter(prefix=parts[1]).first()
+    # Constant-time comparison even though the prefix matched, so timing tells nothing.
+    if cred is None or not hmac.compare_digest(cred.token_hash, token_hash(secret)):
+        raise AuthenticationFailed("invalid x-api-key")
+    if cred.revoked_at is not None:
+        raise AuthenticationFailed("this model credential has been revoked")
+    if cred.expires_at <= timezone.now():
+        raise AuthenticationFailed("this model credential has expired")
+    return cred
+
+
+def caller_authenticate(*, secret: str | None) -> Caller:
+    """The caller for a secret, or 401/403."""
+    if not secret:
+        raise AuthenticationFailed("x-api-key header is required")
+    if secret.startswith(f"{MODEL_CREDENTIAL_SCHEME}_"):
+        cred = _credential_verify(secret)
+        return Caller(org=cred.org, kind="attempt", credential=cred)
+    token = token_verify(secret=secret)
+    if token is None:
+        raise AuthenticationFailed("invalid x-api-key")
+    if token.worker is not None:
+        raise PermissionDenied("worker identities cannot call models")
+    membership = Membership.objects.filter(org=token.org, user=token.user).only("role").first()
+    if membership is None:
+        raise AuthenticationFailed("invalid x-api-key")
+    if membership.role not in MODEL_ROLES:
+        raise PermissionDenied("this token's role may not call models (operators and admins may)")
+    return Caller(org=token.org, kind="operator", token_id=token.id)
+
+
+def route_authorize(*, caller: Caller, model: str) -> tuple[ModelRoute, str]:
+    """(route, snapshot) that serve `model` for this caller, or 403/404."""
+    cred = caller.credential
+    if cred is not None:
+        route = ModelRoute.objects.filter(name=cred.route).first()
+        if route is None or not route.inference_enabled:
+            raise NotFound(f"model: the route {cred.route!r} of this credential is not available")
+        # Delegated agents (x-claude-code-agent-id) and background calls name Claude
+        # models or aliases; they inherit the attempt's route. Only naming a different
+        # configured route is an attempt to escape the binding.
+        if model != route.name and ModelRoute.objects.filter(name=model).exists():
+            raise PermissionDenied(f"this credential may only use the model route {route.name!r}, not {model!r}")
+        return route, cred.snapshot
+    route = route_resolve(name=model)
+    if route is None or not route.inference_enabled:
+        raise NotFound(f"model: {model}")
+    return route, ""

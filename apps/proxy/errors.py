@@ -1,0 +1,99 @@
+"""Errors of the /v1 model proxy, in Anthropic's shape.
+
+Body: ``{"type": "error", "error": {"type": <t>, "message": <m>}, "request_id": "req_..."}``
+and a ``request-id`` header. Claude Code's retry and compaction logic matches on the
+type and the wording (e.g. "prompt is too long: N tokens > M maximum" triggers
+auto-compaction), so the wording below is deliberate. The control API (/api) keeps its
+own shape (apps.core.errors); nothing here is used there.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.http import HttpResponse
+
+from apps.core.ids import new_id
+
+
+class ProxyError(Exception):
+    status = 400
+    error_type = "invalid_request_error"
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+
+class InvalidRequest(ProxyError):
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class AuthenticationFailed(ProxyError):
+    status = 401
+    error_type = "authentication_error"
+
+
+class PermissionDenied(ProxyError):
+    status = 403
+    error_type = "permission_error"
+
+
+class NotFound(ProxyError):
+    status = 404
+    error_type = "not_found_error"
+
+
+class RequestTooLarge(ProxyError):
+    status = 413
+    error_type = "request_too_large"
+
+
+class RateLimited(ProxyError):
+    status = 429
+    error_type = "rate_limit_error"
+
+
+class ApiError(ProxyError):
+    status = 500
+    error_type = "api_error"
+
+
+class Overloaded(ProxyError):
+    status = 529
+    error_type = "overloaded_error"
+
+
+class PromptTooLong(InvalidRequest):
+    """Anthropic's wording, which Claude Code recognizes and answers by compacting."""
+
+    def __init__(self, *, tokens: int, maximum: int) -> None:
+        super().__init__(f"prompt is too long: {tokens} tokens > {maximum} maximum")
+        self.tokens = tokens
+        self.maximum = maximum
+
+
+def new_request_id() -> str:
+    return new_id("req")
+
+
+def error_payload(*, error_type: str, message: str, request_id: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"type": "error", "error": {"type": error_type, "message": message}}
+    if request_id:
+        body["request_id"] = request_id
+    return body
+
+
+def error_response(exc: ProxyError, *, request_id: str) -> HttpResponse:
+    response = HttpResponse(
+        json.dumps(error_payload(error_type=exc.error_type, message=exc.message, request_id=request_id)),
+        status=exc.status,
+        content_type="application/json",
+    )
+    response["request-id"] = request_id
+    for name, value in exc.headers.items():
+        response[name] = value
+    return response

@@ -1,0 +1,223 @@
+"""Exact-token prefix reuse: tokenize only what is new since the previous call.
+
+An agent's calls grow append-only most of the time: call k+1 renders everything call k
+rendered, plus the assistant turn it sampled and the tool results that came back. The
+cache keeps, per conversation, the rendered text of the previous call's prompt up to the
+end of its last completed assistant turn, and the token ids of exactly that text. A new
+call reuses them only when
+
+1. its rendered text starts with exactly the cached text (so nothing before it changed:
+   a template that drops past reasoning, a compaction, a context edit all fail this), and
+2. the boundary is a special-token boundary: the cached text ends with Qwen's turn end
+   ``<|im_end|>`` and its "\n", and every turn after it opens with the special
+   ``<|im_start|>``.
+
+Why (2) makes the result exact: a `tokenizers` tokenizer first splits the input on added
+special tokens and normalizes and pre-tokenizes each piece on its own, so no token can
+span a special token. The ids of ``prefix + suffix`` are therefore the ids of ``prefix``
+followed by the ids of ``suffix`` when special tokens stand on both sides of the cut
+("\n" between two of them is a piece of its own), and the prompt ids sent
+to the sampler are identical to a full tokenization (tests/proxy/test_prefix_cache.py
+checks it on multi-turn conversations).
+
+With the Qwen adapter the ids of a prompt are not always a plain tokenization of its
+text: an assistant turn the model sampled with ids that re-tokenization would not give
+back is spliced in as the sampled ids (the adapter's sampled-turn memo). So a miss asks
+the adapter for its complete rendering, and a hit tokenizes the suffix the way the
+adapter does (`chatml_tokenize`): the ids are identical to the adapter's in both cases.
+The boundary is taken after the separator that follows the turn end ("<|im_end|>\n"),
+which is where the adapter's chunks begin (at the special "<|im_start|>").
+
+Keyed by (organization, credential or token id, route, tokenizer, session id, agent id):
+conversations of different owners, attempts or delegated agents never share entries (no
+cross-tenant leak, and a subagent does not evict its parent's entry). Bounded LRU by
+entry count and by approximate bytes; ids are kept as 4-byte arrays. Thread-safe: it is
+used from the worker pool.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# Per family: the text that opens an assistant turn, the special token that ends a turn,
+# and the separator the template writes after it (the next turn then starts with a
+# special token, so the boundary after the separator is a special-token boundary too).
+# Families absent here are tokenized in full (no reuse), which is always correct.
+TURN_MARKERS: dict[str, tuple[str, str, str]] = {
+    "qwen3": ("<|im_start|>assistant", "<|im_end|>", "\n"),
+    "qwen2.5": ("<|im_start|>assistant", "<|im_end|>", "\n"),
+}
+
+MAX_ENTRIES = int(os.environ.get("SYNTH_PROXY_PREFIX_CACHE_ENTRIES") or 512)
+MAX_BYTES = int(os.environ.get("SYNTH_PROXY_PREFIX_CACHE_BYTES") or 256 * 1024 * 1024)
+
+CacheKey = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    text: str
+    ids: array
+
+    @property
+    def size(self) -> int:
+        return len(self.text) + self.ids.itemsize * len(self.ids)
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    ids: list[int]
+    reused: int  # how many leading ids came from the cache
+
+
+def assistant_boundary(text: str, *, assistant_open: str, turn_end: str, separator: str) -> int | None:
+    """Index just after the turn end (and its separator) that closes the last completed
+    assistant turn, or None."""
+    search_to = len(text)
+    while True:
+        start = text.rfind(assistant_open, 0, search_to)
+        if start < 0:
+            return None
+        end = text.find(turn_end, start)
+        if end >= 0:
+            end += len(turn_end)
+            return end + len(separator) if text.startswith(separator, end) else end
+        search_to = start  # the generation prompt (an open assistant turn): look earlier
+
+
+class PrefixCache:
+    def __init__(self, *, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[CacheKey, _Entry] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+
+    def tokenize(
+        self,
+        *,
+        key: CacheKey,
+        text: str,
+        encode_suffix: Callable[[str], list[int]],
+        full: Callable[[], list[int]],
+    ) -> Tokenized:
+        """The ids of `text`: the cached prefix + `encode_suffix(rest)` when the cached text
+        is a prefix of `text`, else `full()` (the adapter's own complete tokenization)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+        if entry is not None and len(entry.text) <= len(text) and text.startswith(entry.text):
+            self.hits += 1
+            return Tokenized(ids=entry.ids.tolist() + encode_suffix(text[len(entry.text) :]), reused=len(entry.ids))
+        self.misses += 1
+        return Tokenized(ids=full(), reused=0)
+
+    def remember(
+        self,
+        *,
+        key: CacheKey,
+        family: str,
+        text: str,
+        ids: list[int],
+        turn_end_id: int | None,
+        separator_ids: list[int],
+    ) -> None:
+        """Keep `text` up to its last completed assistant turn, with the ids of exactly that.
+
+        The ids of the prefix are found without tokenizing again: the prefix ends with its
+        n-th turn-end token (+ separator), so its ids end at the n-th occurrence of that
+        token's id (+ the separator's ids). Added tokens are matched wherever their text
+        appears, in templates and content alike, so text occurrences and id occurrences
+        correspond one to one; anything that does not line up is simply not cached.
+        """
+        markers = TURN_MARKERS.get(family)
+        if markers is None or turn_end_id is None:
+            return
+        assistant_open, turn_end, separator = markers
+        boundary = assistant_boundary(text, assistant_open=assistant_open, turn_end=turn_end, separator=separator)
+        if boundary is None:
+            return
+        prefix = text[:boundary]
+        wanted = prefix.count(turn_end)
+        seen = 0
+        cut = None
+        for i, token in enumerate(ids):
+            if token == turn_end_id:
+                seen += 1
+                if seen == wanted:
+                    cut = i + 1
+                    break
+        if cut is None:
+            return
+        if prefix.endswith(turn_end + separator) and separator:
+            if ids[cut : cut + len(separator_ids)] != separator_ids:
+                return  # the separator merged with what follows: not a clean boundary
+            cut += len(separator_ids)
+        entry = _Entry(text=prefix, ids=array("I", ids[:cut]))
+        if entry.size > self.max_bytes:
+            return
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old.size
+            self._entries[key] = entry
+            self._bytes += entry.size
+            while self._entries and (len(self._entries) > self.max_entries or self._bytes > self.max_bytes):
+                _, evicted = self._entries.popitem(last=False)
+                self._bytes -= evicted.size
+
+
+def chatml_tokenize(*, adapter: Any, text: str) -> list[int]:
+    """Tokenize a ChatML (Qwen) suffix exactly as the Qwen adapter tokenizes its chunks.
+
+    The adapter splits its prompt into chunks that each start at "<|im_start|>" and
+    tokenizes them separately (exact, since that is a special token), except that an
+    assistant turn found in its sampled-turn memo (a turn the model sampled with ids that
+    a re-tokenization would not reproduce) is spliced in as the sampled ids. This does the
+    same on the suffix, through the adapter's public `memo` and `encode`, so a cache hit
+    yields the adapter's own ids.
+    """
+    opener = "<|im_start|>"
+    header = "<|im_start|>assistant\n"
+    closer = "<|im_end|>\n"
+    memo = getattr(adapter, "memo", None)
+    pieces: list[str] = []
+    start = 0
+    while True:
+        nxt = text.find(opener, start + 1)
+        if nxt < 0:
+            pieces.append(text[start:])
+            break
+        pieces.append(text[start:nxt])
+        start = nxt
+    ids: list[int] = []
+    for piece in pieces:
+        if not piece:
+            continue
+        if memo is not None and piece.startswith(header) and piece.endswith(closer):
+            sampled = memo.get(piece)
+            if sampled is not None:
+                ids += adapter.encode(header) + list(sampled) + adapter.encode(closer)
+                continue
+        ids += adapter.encode(piece)
+    return ids
+
+
+cache = PrefixCache()

@@ -1,0 +1,599 @@
+"""The model call: caller + validated request -> prompt -> sample -> parse -> capture record.
+
+    auth (credentials) -> route (scoped) -> adapter.render (native template, tools,
+    thinking) -> tokenize (prefix cache) -> fit to the budget -> sampler.sample (ids +
+    logprobs) -> adapter.parse (tool calls, reasoning) -> stop sequences -> blocks
+
+CPU work (render, tokenize, fit, parse) runs in the worker pool (pool.run_cpu); the
+sampler is awaited on the event loop (samplers never block it). Views stay thin: they
+read HTTP, call these functions and write HTTP/SSE.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import inspect
+import logging
+import secrets
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+
+from apps.proxy import pool
+from apps.proxy.adapters.base import ChatAdapter, RenderedPrompt
+from apps.proxy.capture import CaptureRecord
+from apps.proxy.credentials import Caller, route_authorize
+from apps.proxy.errors import ApiError, InvalidRequest, Overloaded, ProxyError
+from apps.proxy.fitting import Fitted, prompt_fit
+from apps.proxy.models import ModelRoute
+from apps.proxy.prefix_cache import TURN_MARKERS, CacheKey, chatml_tokenize
+from apps.proxy.prefix_cache import cache as prefix_cache
+from apps.proxy.samplers.base import Sampler, SampleRequest, SampleResult
+
+logger = logging.getLogger(__name__)
+
+BETA_HEADER_MAX = 50  # betas recorded per call
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """Who calls which route, with the correlation headers Claude Code sends."""
+
+    request_id: str
+    caller: Caller
+    route: ModelRoute
+    snapshot: str
+    model_requested: str
+    session_id: str = ""
+    agent_id: str = ""
+    parent_agent_id: str = ""
+    correlation_id: str = ""
+    betas: tuple[str, ...] = ()
+
+    @property
+    def cache_key(self) -> CacheKey:
+        return (
+            self.caller.org.id,
+            self.caller.key,
+            self.route.name,
+            self.route.tokenizer,
+            self.session_id,
+            self.agent_id,
+        )
+
+
+@dataclass
+class Prepared:
+    ctx: CallContext
+    request: dict[str, Any]  # the validated request as sent (normalized)
+    adapter: ChatAdapter
+    fitted: Fitted
+    max_tokens: int
+    reused_ids: int
+    render_ms: float
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return list(self.fitted.rendered.token_ids)
+
+
+@dataclass
+class Completion:
+    sample: SampleResult
+    blocks: list[dict[str, Any]]
+    stop_reason: str
+    stop_sequence: str | None
+    parse_errors: list[str]
+    delivered_ids: int  # sampled ids the response stands for (fewer when a stop sequence cut it)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _header(headers: Any, name: str) -> str:
+    return str(headers.get(name) or "").strip()
+
+
+def call_context_build(*, caller: Caller, model: str, headers: Any, request_id: str) -> CallContext:
+    """Resolve the route for this caller (scoping checks) and collect correlation headers."""
+    route, snapshot = route_authorize(caller=caller, model=model)
+    betas = [b.strip() for b in _header(headers, "anthropic-beta").split(",") if b.strip()]
+    return CallContext(
+        request_id=request_id,
+        caller=caller,
+        route=route,
+        snapshot=snapshot,
+        model_requested=model,
+        session_id=_header(headers, "x-claude-code-session-id"),
+        agent_id=_header(headers, "x-claude-code-agent-id"),
+        parent_agent_id=_header(headers, "x-claude-code-parent-agent-id"),
+        correlation_id=_header(headers, "x-synth-trial"),
+        betas=tuple(betas[:BETA_HEADER_MAX]),
+    )
+
+
+# ADAPTERS AND SAMPLERS
+# ------------------------------------------------------------------------------
+
+
+def adapter_get(*, route: ModelRoute) -> ChatAdapter:
+    """The route's family adapter, loaded once per process (the registry caches it).
+
+    A route naming an unknown family or an unprovisioned tokenizer is the operator's
+    misconfiguration, reported as an api_error that says what is wrong.
+    """
+    from apps.proxy.adapters.registry import adapter_for
+
+    try:
+        return adapter_for(route.family)
+    except Exception as exc:  # noqa: BLE001 - KeyError, TokenizerNotProvisioned, ...
+        logger.error("model route %s cannot load its adapter: %s", route.name, exc)
+        raise ApiError(f"model route {route.name!r} is misconfigured: {exc}") from exc
+
+
+def sampler_config(*, route: ModelRoute, snapshot: str) -> dict[str, Any]:
+    """The route's sampler config, pointed at the snapshot an attempt is bound to.
+
+    "" or "base" is the route as configured. Otherwise the snapshot names weights for the
+    backend: a Tinker sampler path (model_path) or a local LoRA adapter directory
+    (adapter_dir). Other backends serve only their configured snapshot.
+    """
+    config = dict(route.sampler_config or {})
+    if snapshot in ("", "base"):
+        return config
+    if route.sampler_backend == "tinker":
+        return {**config, "model_path": snapshot}
+    if route.sampler_backend == "local" and not config.get("tiny"):
+        return {**config, "adapter_dir": snapshot}
+    raise ApiError(f"model route {route.name!r} ({route.sampler_backend}) cannot serve snapshot {snapshot!r}")
+
+
+async def sampler_get(*, route: ModelRoute, snapshot: str) -> Sampler:
+    from apps.proxy.samplers.factory import sampler_build_async
+
+    return await sampler_build_async(
+        backend=route.sampler_backend, config=sampler_config(route=route, snapshot=snapshot)
+    )
+
+
+# PROMPT
+# ------------------------------------------------------------------------------
+
+
+def _adapter_input(request: dict[str, Any]) -> dict[str, Any]:
+    """What the adapter renders: the conversation and its options, nothing transport-level."""
+    return {k: request[k] for k in ("system", "messages", "tools", "tool_choice", "thinking") if k in request}
+
+
+def template_text(*, adapter: ChatAdapter, request: dict[str, Any]) -> str | None:
+    """The prompt text without tokenizing it, or None if the adapter cannot say.
+
+    The hook is a public `render_text(request=...)` (the template-based adapters have it).
+    The Qwen adapter currently renders text only inside `render`; for it, the same steps
+    `render` takes are replayed without the tokenization (its module's `to_chat_messages`
+    and `thinking_enabled`, then `_render_chunks`). Should that internal shape change,
+    this returns None and the call is tokenized in full: slower, never wrong.
+    """
+    public = getattr(adapter, "render_text", None)
+    if public is not None:
+        return public(request=request)
+    chunks_of = getattr(adapter, "_render_chunks", None)
+    module = sys.modules.get(type(adapter).__module__)
+    to_messages = getattr(module, "to_chat_messages", None)
+    thinking = getattr(module, "thinking_enabled", None)
+    if chunks_of is None or to_messages is None or thinking is None:
+        return None
+    try:
+        messages, tools = to_messages(request)
+        prefill = bool(messages) and messages[-1]["role"] == "assistant"
+        chunks = chunks_of(
+            messages,
+            tools,
+            add_generation_prompt=not prefill,
+            enable_thinking=thinking(request, getattr(adapter, "thinking_when_unspecified", True)),
+        )
+        return "".join(c if isinstance(c, str) else c.text for c in chunks)
+    except Exception:  # noqa: BLE001 - the internal shape changed: render in full instead
+        logger.warning("no text-only rendering for %s; prefix reuse is off", type(adapter).__name__, exc_info=True)
+        return None
+
+
+def render_with_cache(
+    *, adapter: ChatAdapter, family: str, request: dict[str, Any], key: CacheKey | None
+) -> RenderedPrompt:
+    """Render; on a prefix-cache hit tokenize only the suffix (ids identical either way).
+
+    Only families with exact reuse (TURN_MARKERS) whose adapter can give the template text
+    without tokenizing take this path; the others render in full. A miss uses the
+    adapter's complete rendering, so its ids are the authority.
+    """
+    text = template_text(adapter=adapter, request=request) if key is not None and family in TURN_MARKERS else None
+    if text is None:
+        return adapter.render(request=request)
+    full: list[RenderedPrompt] = []
+
+    def full_ids() -> list[int]:
+        full.append(adapter.render(request=request))
+        return list(full[0].token_ids)
+
+    tokenized = prefix_cache.tokenize(
+        key=key,  # type: ignore[arg-type]
+        text=text,
+        encode_suffix=lambda suffix: chatml_tokenize(adapter=adapter, text=suffix),
+        full=full_ids,
+    )
+    return _Rendered(text=full[0].text if full else text, token_ids=tokenized.ids, reused=tokenized.reused)
+
+
+@dataclass(frozen=True)
+class _Rendered(RenderedPrompt):
+    reused: int = 0
+
+
+def _turn_end_ids(adapter: ChatAdapter, family: str) -> tuple[int | None, list[int]]:
+    markers = TURN_MARKERS.get(family)
+    if markers is None:
+        return None, []
+    ids = adapter.encode(markers[1])
+    return (ids[0] if len(ids) == 1 else None), adapter.encode(markers[2])
+
+
+def _prepare_sync(
+    *, ctx: CallContext, request: dict[str, Any], adapter: ChatAdapter, max_tokens: int
+) -> tuple[Fitted, int]:
+    route = ctx.route
+    budget = route.context_window - max_tokens
+    key = ctx.cache_key
+
+    def render(req: dict[str, Any]) -> RenderedPrompt:
+        try:
+            return render_with_cache(adapter=adapter, family=route.family, request=_adapter_input(req), key=key)
+        except ProxyError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a request the template cannot render is the client's
+            logger.info("render failed for %s: %r", route.name, exc, exc_info=True)
+            raise InvalidRequest(f"messages: could not be rendered for {route.family}: {exc}") from exc
+
+    fitted = prompt_fit(request=request, budget=budget, render=render)
+    rendered = fitted.rendered
+    if key is not None:
+        turn_end_id, separator_ids = _turn_end_ids(adapter, route.family)
+        prefix_cache.remember(
+            key=key,
+            family=route.family,
+            text=rendered.text,
+            ids=list(rendered.token_ids),
+            turn_end_id=turn_end_id,
+            separator_ids=separator_ids,
+        )
+    return fitted, int(getattr(rendered, "reused", 0))
+
+
+async def message_prepare(*, ctx: CallContext, request: dict[str, Any]) -> Prepared:
+    """Render, tokenize and fit the prompt (worker pool). 400 prompt-too-long if it can't fit."""
+    route = ctx.route
+    # Claude Code sends max_tokens 32000 for models it does not know; the route's limit
+    # applies instead of refusing (recorded in the capture as sampling.max_tokens).
+    max_tokens = min(request["max_tokens"], route.max_output)
+    started = time.perf_counter()
+    adapter = await pool.run_cpu(adapter_get, route=route)
+    fitted, reused = await pool.run_cpu(_prepare_sync, ctx=ctx, request=request, adapter=adapter, max_tokens=max_tokens)
+    return Prepared(
+        ctx=ctx,
+        request=request,
+        adapter=adapter,
+        fitted=fitted,
+        max_tokens=max_tokens,
+        reused_ids=reused,
+        render_ms=(time.perf_counter() - started) * 1000,
+    )
+
+
+async def tokens_count(*, ctx: CallContext, request: dict[str, Any]) -> int:
+    """Exact input tokens of the request as sent (no fitting: the client wants the truth)."""
+    adapter = await pool.run_cpu(adapter_get, route=ctx.route)
+
+    def count() -> int:
+        try:
+            return len(adapter.render(request=_adapter_input(request)).token_ids)
+        except Exception as exc:  # noqa: BLE001
+            raise InvalidRequest(f"messages: could not be rendered for {ctx.route.family}: {exc}") from exc
+
+    return await pool.run_cpu(count)
+
+
+# SAMPLING AND PARSING
+# ------------------------------------------------------------------------------
+
+
+def _signature(thinking: str) -> str:
+    """An opaque signature for a thinking block (Claude Code echoes it back; we never
+    need to verify it, but clients drop unsigned thinking blocks)."""
+    digest = hmac.new(settings.SECRET_KEY.encode(), thinking.encode(), hashlib.sha256).hexdigest()
+    return f"synth.{digest[:40]}"
+
+
+def _finalize_blocks(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for block in blocks:
+        block = dict(block)
+        if block.get("type") == "thinking" and not block.get("signature"):
+            block["signature"] = _signature(block.get("thinking", ""))
+        if block.get("type") == "tool_use":
+            block.setdefault("input", {})
+            if not block.get("id"):
+                block["id"] = f"toolu_{secrets.token_hex(12)}"
+        if block.get("type") == "text" and not block.get("text"):
+            continue  # Anthropic never sends empty text blocks
+        out.append(block)
+    return out
+
+
+def _stop_sequence_cut(*, adapter: ChatAdapter, ids: list[int], stops: list[str]) -> tuple[int, str] | None:
+    """(number of ids up to and including the one completing the earliest stop sequence,
+    the sequence), or None. Binary search on decoded prefixes: O(log n) decodes."""
+    if not stops or not ids:
+        return None
+    text = adapter.decode(ids)
+    found = [(text.find(s), s) for s in stops if s in text]
+    if not found:
+        return None
+    _, stop = min(found)
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if stop in adapter.decode(ids[:mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo, stop
+
+
+def _parse(adapter: ChatAdapter, *, token_ids: list[int], stopped: bool, id_seed: str) -> Any:
+    # Adapters that derive tool_use ids from the sampled ids take a seed, so identical
+    # outputs in one conversation still get distinct ids.
+    if "id_seed" in inspect.signature(adapter.parse).parameters:
+        return adapter.parse(token_ids=token_ids, stopped=stopped, id_seed=id_seed)
+    return adapter.parse(token_ids=token_ids, stopped=stopped)
+
+
+def _parse_sync(
+    *, adapter: ChatAdapter, sample: SampleResult, stops: list[str], id_seed: str
+) -> tuple[list[dict[str, Any]], str, str | None, list[str], int]:
+    ids = list(sample.token_ids)
+    cut = _stop_sequence_cut(adapter=adapter, ids=ids, stops=stops)
+    if cut is None:
+        parsed = _parse(adapter, token_ids=ids, stopped=sample.finish == "stop", id_seed=id_seed)
+        return _finalize_blocks(parsed.blocks), parsed.stop_reason, None, list(parsed.parse_errors), len(ids)
+    count, stop = cut
+    parsed = _parse(adapter, token_ids=ids[:count], stopped=True, id_seed=id_seed)
+    blocks = _finalize_blocks(parsed.blocks)
+    # The response excludes the stop sequence itself (Anthropic's behaviour).
+    for block in reversed(blocks):
+        if block.get("type") == "text" and stop in block["text"]:
+            block["text"] = block["text"][: block["text"].find(stop)]
+            break
+    blocks = [b for b in blocks if not (b.get("type") == "text" and not b.get("text"))]
+    return blocks, "stop_sequence", stop, list(parsed.parse_errors), count
+
+
+async def message_sample(*, prepared: Prepared, ticket: pool.Ticket) -> Completion:
+    """Wait for a generation slot, sample, parse. Sampler failures become ProxyErrors."""
+    from apps.proxy.samplers.factory import SamplerError, SamplerUnavailable
+
+    ctx = prepared.ctx
+    request = prepared.request
+    async with ticket:
+        sampler = await sampler_get(route=ctx.route, snapshot=ctx.snapshot)
+        started = time.perf_counter()
+        try:
+            sample = await sampler.sample(
+                SampleRequest(
+                    prompt_ids=prepared.prompt_ids,
+                    max_tokens=prepared.max_tokens,
+                    stop_token_ids=list(prepared.adapter.stop_token_ids()),
+                    temperature=1.0 if request.get("temperature") is None else request["temperature"],
+                    top_p=request.get("top_p"),
+                    top_k=request.get("top_k"),
+                )
+            )
+        except SamplerUnavailable as exc:
+            retry = {"retry-after": str(int(exc.retry_after))} if exc.retry_after else None
+            raise Overloaded(f"the model backend is unavailable: {exc}", headers=retry) from exc
+        except SamplerError as exc:
+            raise ApiError(f"the model backend failed: {exc}") from exc
+        sample_ms = (time.perf_counter() - started) * 1000
+    started = time.perf_counter()
+    blocks, stop_reason, stop_sequence, parse_errors, delivered = await pool.run_cpu(
+        _parse_sync,
+        adapter=prepared.adapter,
+        sample=sample,
+        stops=request.get("stop_sequences") or [],
+        id_seed=ctx.request_id,
+    )
+    parse_ms = (time.perf_counter() - started) * 1000
+    return Completion(
+        sample=sample,
+        blocks=blocks,
+        stop_reason=stop_reason,
+        stop_sequence=stop_sequence,
+        parse_errors=parse_errors,
+        delivered_ids=delivered,
+        timings={
+            "queue_ms": round(ticket.waited_ms, 3),
+            "render_ms": round(prepared.render_ms, 3),
+            "sample_ms": round(sample_ms, 3),
+            "parse_ms": round(parse_ms, 3),
+        },
+    )
+
+
+# RESPONSES AND CAPTURE
+# ------------------------------------------------------------------------------
+
+
+def usage(*, input_tokens: int, output_tokens: int) -> dict[str, Any]:
+    # Prefix reuse is a tokenization saving, not a provider KV cache: no cache tokens.
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "service_tier": "standard",
+    }
+
+
+def message_body(*, message_id: str, prepared: Prepared, completion: Completion | None) -> dict[str, Any]:
+    """The non-streaming response. `completion` None means max_tokens 0 (no sampling)."""
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": prepared.ctx.model_requested,
+        "content": completion.blocks if completion else [],
+        "stop_reason": completion.stop_reason if completion else "max_tokens",
+        "stop_sequence": completion.stop_sequence if completion else None,
+        "usage": usage(
+            input_tokens=len(prepared.fitted.rendered.token_ids),
+            output_tokens=completion.delivered_ids if completion else 0,
+        ),
+    }
+
+
+def capture_record(
+    *, prepared: Prepared, completion: Completion | None, error: str = "", total_ms: float | None = None
+) -> CaptureRecord:
+    ctx = prepared.ctx
+    route = ctx.route
+    request = prepared.fitted.request
+    sample = completion.sample if completion else None
+    timings = dict(completion.timings) if completion else {"render_ms": round(prepared.render_ms, 3)}
+    if total_ms is not None:
+        timings["total_ms"] = round(total_ms, 3)
+    return CaptureRecord(
+        org_id=ctx.caller.org.id,
+        principal_kind=ctx.caller.kind,
+        credential_id=ctx.caller.credential.id if ctx.caller.credential else "",
+        token_id=ctx.caller.token_id,
+        run_id=ctx.caller.run_id,
+        trial_id=ctx.caller.trial_id,
+        correlation_id=ctx.correlation_id,
+        session_id=ctx.session_id,
+        agent_id=ctx.agent_id,
+        parent_agent_id=ctx.parent_agent_id,
+        request_id=ctx.request_id,
+        route_id=route.id,
+        route={
+            "name": route.name,
+            "family": route.family,
+            "tokenizer": route.tokenizer,
+            "context_window": route.context_window,
+            "max_output": route.max_output,
+            "sampler_backend": route.sampler_backend,
+            "snapshot": ctx.snapshot,
+        },
+        model_requested=ctx.model_requested,
+        stream=bool(prepared.request.get("stream")),
+        snapshot=dict(sample.snapshot) if sample else {},
+        request=_adapter_input(request),
+        sampling={
+            "max_tokens": prepared.max_tokens,
+            "max_tokens_requested": prepared.request["max_tokens"],
+            "temperature": prepared.request.get("temperature"),
+            "top_p": prepared.request.get("top_p"),
+            "top_k": prepared.request.get("top_k"),
+            "stop_sequences": prepared.request.get("stop_sequences") or [],
+            "stop_token_ids": list(prepared.adapter.stop_token_ids()),
+        },
+        fitting=prepared.fitted.record,
+        original_prompt_tokens=prepared.fitted.original_tokens,
+        prompt_ids=prepared.prompt_ids,
+        prompt_reused_ids=prepared.reused_ids,
+        output_ids=list(sample.token_ids) if sample else [],
+        delivered_output_ids=(
+            completion.delivered_ids if completion and completion.delivered_ids != len(sample.token_ids) else None
+        ),
+        logprobs=list(sample.logprobs) if sample else [],
+        finish=sample.finish if sample else "",
+        content=completion.blocks if completion else [],
+        stop_reason=completion.stop_reason if completion else "",
+        stop_sequence=completion.stop_sequence if completion else None,
+        parse_errors=completion.parse_errors if completion else [],
+        timings=timings,
+        error=error,
+        betas=list(ctx.betas),
+        metadata=dict(prepared.request.get("metadata") or {}),
+    )
+
+
+def routes_for_caller(*, caller: Caller) -> list[ModelRoute]:
+    """What GET /v1/models lists: the credential's route, or every inference route."""
+    if caller.credential is not None:
+        return list(ModelRoute.objects.filter(name=caller.credential.route, inference_enabled=True))
+    return list(ModelRoute.objects.filter(inference_enabled=True).order_by("name"))
+
+
+# ROUTES
+# ------------------------------------------------------------------------------
+
+# The embedded default: Qwen3's chat format and real vocabulary, sampled by the tiny
+# random-weight local model (gibberish text, real token plumbing), trainable locally.
+# Claude Code's own model names and aliases all map to it.
+DEFAULT_ROUTE: dict[str, Any] = {
+    "name": "qwen3-8b",
+    "family": "qwen3",
+    "tokenizer": "qwen3",
+    "context_window": 32768,
+    "max_output": 8192,
+    "sampler_backend": "local",
+    "sampler_config": {"family": "qwen3", "tiny": True, "seed": 0},
+    "trainable": True,
+    "inference_enabled": True,
+    "aliases": ["claude-*", "sonnet", "opus", "haiku", "default"],
+}
+
+
+def route_upsert(
+    *,
+    name: str,
+    family: str,
+    tokenizer: str,
+    context_window: int,
+    max_output: int,
+    sampler_backend: str,
+    sampler_config: dict[str, Any] | None = None,
+    trainable: bool = False,
+    inference_enabled: bool = True,
+    aliases: list[str] | None = None,
+) -> tuple[ModelRoute, bool]:
+    """Create or update a route by name. Returns (route, created)."""
+    from apps.core.errors import ValidationFailed
+    from apps.proxy.samplers.factory import BACKENDS
+
+    if not name or len(name) > 100:
+        raise ValidationFailed("name must be 1 to 100 characters", field="name")
+    if sampler_backend not in BACKENDS:
+        raise ValidationFailed(f"sampler_backend must be one of {', '.join(BACKENDS)}", field="sampler_backend")
+    if max_output <= 0 or context_window <= max_output:
+        raise ValidationFailed("need 0 < max_output < context_window", field="context_window")
+    aliases = list(aliases or [])
+    if not all(isinstance(a, str) and a for a in aliases):
+        raise ValidationFailed("aliases must be non-empty strings", field="aliases")
+    if not isinstance(sampler_config or {}, dict):
+        raise ValidationFailed("sampler_config must be an object", field="sampler_config")
+    return ModelRoute.objects.update_or_create(
+        name=name,
+        defaults={
+            "family": family,
+            "tokenizer": tokenizer,
+            "context_window": context_window,
+            "max_output": max_output,
+            "sampler_backend": sampler_backend,
+            "sampler_config": sampler_config or {},
+            "trainable": trainable,
+            "inference_enabled": inference_enabled,
+            "aliases": aliases,
+        },
+    )

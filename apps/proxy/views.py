@@ -1,0 +1,362 @@
+"""The /v1 endpoints in Anthropic's wire format (async views, served by ASGI/uvicorn).
+
+    POST /v1/messages               (?beta=true accepted) streaming SSE or one JSON message
+    POST /v1/messages/count_tokens  {"input_tokens": N}, exact, with the model's tokenizer
+    GET  /v1/models[/<id>]          the routes this caller may use
+
+Thin: read HTTP, call services, write HTTP/SSE. Every failure is an Anthropic-shaped error
+(apps.proxy.errors); an unexpected exception is logged and answered 500 api_error rather
+than Django's HTML page. Refusals (auth, validation, prompt too long, admission) happen
+before the stream starts, so they are HTTP statuses Claude Code acts on (it compacts on a
+400 "prompt is too long", retries 429/529), not error events after a 200.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+import weakref
+from collections.abc import AsyncIterator
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.request import RawPostDataException
+from django.views.decorators.csrf import csrf_exempt
+
+from apps.core.ids import new_id
+from apps.proxy import capture, pool, schema, services, streaming
+from apps.proxy.credentials import Caller, caller_authenticate, secret_from_headers
+from apps.proxy.errors import (
+    ApiError,
+    InvalidRequest,
+    NotFound,
+    ProxyError,
+    RequestTooLarge,
+    error_response,
+    new_request_id,
+)
+from apps.proxy.models import Delivery
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 32 * 1024 * 1024  # Anthropic's limit for Messages and count_tokens
+# Seconds between pings while the sampler works (Claude Code aborts a stream idle 300 s).
+PING_SECONDS = float(os.environ.get("SYNTH_PROXY_PING_SECONDS") or 10)
+
+
+class MethodNotAllowed(InvalidRequest):
+    status = 405
+
+
+def _reject(exc: Exception, request_id: str) -> HttpResponse:
+    if not isinstance(exc, ProxyError):
+        logger.exception("proxy request %s failed", request_id, exc_info=exc)
+        exc = ApiError("Internal server error")
+    return error_response(exc, request_id=request_id)
+
+
+def _json(data: Any, *, request_id: str, status: int = 200) -> JsonResponse:
+    response = JsonResponse(data, status=status, json_dumps_params={"ensure_ascii": False})
+    response["request-id"] = request_id
+    return response
+
+
+def _read_body(request: HttpRequest) -> bytes:
+    try:
+        length = int(request.headers.get("content-length") or 0)
+    except ValueError:
+        length = 0
+    if length > MAX_BODY_BYTES:
+        raise RequestTooLarge(f"request body exceeds {MAX_BODY_BYTES} bytes")
+    try:
+        body = request.body
+    except (RequestDataTooBig, RawPostDataException) as exc:
+        raise RequestTooLarge(f"request body exceeds {MAX_BODY_BYTES} bytes") from exc
+    if len(body) > MAX_BODY_BYTES:
+        raise RequestTooLarge(f"request body exceeds {MAX_BODY_BYTES} bytes")
+    return body
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _decode_json(body: bytes) -> Any:
+    if not body.strip():
+        raise InvalidRequest("the request body must be a JSON object")
+    try:
+        return json.loads(body, parse_constant=_reject_constant)
+    except RecursionError as exc:
+        raise InvalidRequest("the request body is nested too deeply") from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from exc
+
+
+async def _authenticate(request: HttpRequest) -> Caller:
+    return await sync_to_async(caller_authenticate)(secret=secret_from_headers(request.headers))
+
+
+async def _parsed(request: HttpRequest, parse: Any) -> dict[str, Any]:
+    body = _read_body(request)
+    # Decoding a large body is CPU work: keep it off the event loop.
+    return await pool.run_cpu(lambda: parse(_decode_json(body)))
+
+
+# POST /v1/messages
+# ------------------------------------------------------------------------------
+
+
+class _CapturedResponse(JsonResponse):
+    """A JSON message whose delivery is recorded when the server has sent it: the ASGI
+    handler calls close() after the last byte (not when a client went away first)."""
+
+    interaction_id: str | None = None
+
+    def close(self) -> None:
+        # Settle first: super().close() fires request_finished, which may close the
+        # thread's database connection.
+        if self.interaction_id:
+            interaction_id, self.interaction_id = self.interaction_id, None
+            capture.interaction_settle(interaction_id=interaction_id, delivery=Delivery.DELIVERED)
+        super().close()
+
+
+async def _stage_unfinished(prepared: services.Prepared, *, delivery: str, error: str) -> None:
+    """Record a call that produced no delivered answer (failed or abandoned)."""
+    try:
+        rec = services.capture_record(prepared=prepared, completion=None, error=error)
+        interaction = await sync_to_async(capture.interaction_stage)(rec=rec)
+        await sync_to_async(capture.interaction_settle)(interaction_id=interaction.id, delivery=delivery, error=error)
+    except Exception:  # noqa: BLE001 - never turn a recording failure into a second error
+        logger.exception("could not record an unfinished call %s", prepared.ctx.request_id)
+
+
+@csrf_exempt
+async def messages_view(request: HttpRequest) -> HttpResponse:
+    request_id = new_request_id()
+    started = time.perf_counter()
+    ticket: pool.Ticket | None = None
+    try:
+        if request.method != "POST":
+            raise MethodNotAllowed(f"{request.method} is not allowed; use POST")
+        caller = await _authenticate(request)
+        body = await _parsed(request, schema.messages_request_parse)
+        ctx = await sync_to_async(services.call_context_build)(
+            caller=caller, model=body["model"], headers=request.headers, request_id=request_id
+        )
+        ticket = pool.generation.reserve(caller=caller.key)
+        prepared = await services.message_prepare(ctx=ctx, request=body)
+    except BaseException as exc:  # noqa: BLE001 - every failure answers in Anthropic's shape
+        if ticket is not None:
+            ticket.release()
+        if not isinstance(exc, Exception):  # cancelled (the client left): nothing to answer
+            raise
+        return _reject(exc, request_id)
+    message_id = new_id("msg")
+    if prepared.max_tokens == 0:  # cache pre-warm: nothing to sample
+        ticket.release()
+        body_zero = services.message_body(message_id=message_id, prepared=prepared, completion=None)
+        if not body["stream"]:
+            return _json(body_zero, request_id=request_id)
+        return _sse_response(_zero_stream(body_zero), request_id=request_id)
+    if body["stream"]:
+        events = _event_stream(prepared, ticket, message_id, started)
+        # A stream never iterated (the client left before the response started) runs none
+        # of its code, not even `finally`: give the admission slot back when it is dropped.
+        weakref.finalize(events, ticket.release)
+        return _sse_response(events, request_id=request_id)
+    try:
+        completion = await services.message_sample(prepared=prepared, ticket=ticket)
+    except asyncio.CancelledError:
+        await _stage_unfinished(prepared, delivery=Delivery.CLIENT_DISCONNECTED, error="client disconnected")
+        raise
+    except Exception as exc:  # noqa: BLE001
+        await _stage_unfinished(prepared, delivery=Delivery.FAILED, error=str(exc) or type(exc).__name__)
+        return _reject(exc, request_id)
+    finally:
+        ticket.release()
+    total_ms = (time.perf_counter() - started) * 1000
+    rec = services.capture_record(prepared=prepared, completion=completion, total_ms=total_ms)
+    interaction = await sync_to_async(capture.interaction_stage)(rec=rec)  # staged before the JSON goes out
+    response = _CapturedResponse(
+        services.message_body(message_id=message_id, prepared=prepared, completion=completion),
+        json_dumps_params={"ensure_ascii": False},
+    )
+    response["request-id"] = request_id
+    response.interaction_id = interaction.id
+    return response
+
+
+def _sse_response(events: AsyncIterator[bytes], *, request_id: str) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(events, content_type="text/event-stream; charset=utf-8")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # reverse proxies must not buffer the stream
+    response["request-id"] = request_id
+    return response
+
+
+async def _zero_stream(body: dict[str, Any]) -> AsyncIterator[bytes]:
+    yield streaming.message_start(message_id=body["id"], model=body["model"], usage=body["usage"])
+    for event in streaming.message_end(stop_reason="max_tokens", stop_sequence=None, usage=body["usage"]):
+        yield event
+
+
+async def _event_stream(
+    prepared: services.Prepared, ticket: pool.Ticket, message_id: str, started: float
+) -> AsyncIterator[bytes]:
+    """message_start at once, pings while waiting for a slot and the sampler, then the
+    parsed blocks; the interaction is staged before the first content event (so before
+    message_stop) and settled after message_stop went out or when the client left."""
+    input_tokens = len(prepared.fitted.rendered.token_ids)
+    interaction_id: str | None = None
+    outcome: tuple[str, str] | None = None  # (delivery, error) once known
+    task: asyncio.Task[services.Completion] | None = None
+    staging: asyncio.Future[Any] | None = None
+    try:
+        yield streaming.message_start(
+            message_id=message_id,
+            model=prepared.ctx.model_requested,
+            usage=services.usage(input_tokens=input_tokens, output_tokens=0),
+        )
+        task = asyncio.ensure_future(services.message_sample(prepared=prepared, ticket=ticket))
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=PING_SECONDS)
+            if done:
+                break
+            yield streaming.ping()
+        try:
+            completion = task.result()
+        except Exception as exc:  # noqa: BLE001 - after a 200 the error is an event
+            if not isinstance(exc, ProxyError):
+                logger.exception("sampling failed for %s", prepared.ctx.request_id)
+                exc = ApiError("Internal server error")
+            outcome = (Delivery.FAILED, exc.message)
+            await _stage_unfinished(prepared, delivery=Delivery.FAILED, error=exc.message)
+            yield streaming.error_event(error_type=exc.error_type, message=exc.message)
+            return
+        rec = services.capture_record(
+            prepared=prepared, completion=completion, total_ms=(time.perf_counter() - started) * 1000
+        )
+        # Shielded: a disconnect during the write must not leave a row we do not know of.
+        staging = asyncio.ensure_future(sync_to_async(capture.interaction_stage)(rec=rec))
+        try:
+            interaction_id = (await asyncio.shield(staging)).id
+        except Exception:  # noqa: BLE001
+            # No evidence, no answer: a response is only completed once it is staged.
+            logger.exception("could not stage the interaction of %s", prepared.ctx.request_id)
+            outcome = (Delivery.FAILED, "staging failed")
+            yield streaming.error_event(error_type="api_error", message="Internal server error")
+            return
+        for index, block in enumerate(completion.blocks):
+            for event in streaming.block_events(index=index, block=block):
+                yield event
+        end_usage = services.usage(input_tokens=input_tokens, output_tokens=completion.delivered_ids)
+        for event in streaming.message_end(
+            stop_reason=completion.stop_reason, stop_sequence=completion.stop_sequence, usage=end_usage
+        ):
+            yield event
+        # Resumed only once the server has sent message_stop: the response is delivered.
+        outcome = (Delivery.DELIVERED, "")
+        await sync_to_async(capture.interaction_settle)(interaction_id=interaction_id, delivery=Delivery.DELIVERED)
+    finally:
+        # Reached with no outcome when the client went away (cancellation or the
+        # generator being closed at a yield).
+        if task is not None and not task.done():
+            task.cancel()
+        ticket.release()
+        if outcome is None:
+            if interaction_id is None and staging is not None:
+                try:
+                    interaction_id = (await staging).id
+                except Exception:  # noqa: BLE001 - the write failed: record the call below
+                    staging = None
+            if interaction_id is not None:
+                await sync_to_async(capture.interaction_settle)(
+                    interaction_id=interaction_id, delivery=Delivery.CLIENT_DISCONNECTED, error="client disconnected"
+                )
+            elif task is not None and staging is None:
+                await _stage_unfinished(prepared, delivery=Delivery.CLIENT_DISCONNECTED, error="client disconnected")
+
+
+# POST /v1/messages/count_tokens
+# ------------------------------------------------------------------------------
+
+
+@csrf_exempt
+async def count_tokens_view(request: HttpRequest) -> HttpResponse:
+    request_id = new_request_id()
+    try:
+        if request.method != "POST":
+            raise MethodNotAllowed(f"{request.method} is not allowed; use POST")
+        caller = await _authenticate(request)
+        body = await _parsed(request, schema.count_tokens_request_parse)
+        ctx = await sync_to_async(services.call_context_build)(
+            caller=caller, model=body["model"], headers=request.headers, request_id=request_id
+        )
+        async with pool.counting.reserve(caller=caller.key):
+            count = await services.tokens_count(ctx=ctx, request=body)
+    except Exception as exc:  # noqa: BLE001
+        return _reject(exc, request_id)
+    return _json({"input_tokens": count}, request_id=request_id)
+
+
+# GET /v1/models
+# ------------------------------------------------------------------------------
+
+
+def _model_dict(route: Any) -> dict[str, Any]:
+    return {
+        "type": "model",
+        "id": route.name,
+        "display_name": route.name,
+        "created_at": route.created_at.isoformat().replace("+00:00", "Z"),
+    }
+
+
+@csrf_exempt
+async def models_view(request: HttpRequest) -> HttpResponse:
+    request_id = new_request_id()
+    try:
+        if request.method != "GET":
+            raise MethodNotAllowed(f"{request.method} is not allowed; use GET")
+        caller = await _authenticate(request)
+        routes = await sync_to_async(services.routes_for_caller)(caller=caller)
+    except Exception as exc:  # noqa: BLE001
+        return _reject(exc, request_id)
+    data = [_model_dict(r) for r in routes]
+    return _json(
+        {
+            "data": data,
+            "has_more": False,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+        },
+        request_id=request_id,
+    )
+
+
+@csrf_exempt
+async def model_detail_view(request: HttpRequest, model_id: str) -> HttpResponse:
+    request_id = new_request_id()
+    try:
+        if request.method != "GET":
+            raise MethodNotAllowed(f"{request.method} is not allowed; use GET")
+        caller = await _authenticate(request)
+        routes = await sync_to_async(services.routes_for_caller)(caller=caller)
+        route = next((r for r in routes if r.name == model_id), None)
+        if route is None:
+            raise NotFound(f"model: {model_id}")
+    except Exception as exc:  # noqa: BLE001
+        return _reject(exc, request_id)
+    return _json(_model_dict(route), request_id=request_id)
+
+
+@csrf_exempt
+async def not_found_view(request: HttpRequest, path: str = "") -> HttpResponse:
+    """Any other /v1 path: Anthropic's 404 shape, not Django's page."""
+    return error_response(NotFound(f"{request.method} /v1/{path} does not exist"), request_id=new_request_id())

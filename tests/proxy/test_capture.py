@@ -1,0 +1,354 @@
+"""Capture: staged before the response completes, settled after, published and verified;
+read back through /api/interactions; the captured prompt re-renders to the same ids."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from urllib.parse import urlparse
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from django.core.management import call_command
+from django.core.signals import request_finished
+from django.db import close_old_connections
+from django.test import AsyncRequestFactory
+
+from apps.core.canonical import canonical_bytes
+from apps.objects.models import StoredObject
+from apps.objects.services import object_read
+from apps.proxy import capture, services, views
+from apps.proxy.adapters.registry import adapter_for
+from apps.proxy.models import Delivery, Eligibility, Integrity, Interaction, ModelRoute
+from apps.proxy.samplers.base import Sampler, SampleRequest, SampleResult
+from tests.conftest import make_member
+from tests.proxy.conftest import call, encode, issue, make_route, scripted
+
+pytestmark = pytest.mark.django_db
+
+TOOL_CALL = '<tool_call>\n{"name": "Bash", "arguments": {"command": "pytest -q"}}\n</tool_call><|im_end|>'
+
+
+@pytest.fixture
+def alice():
+    return make_member("team", "alice")
+
+
+def body(**extra) -> dict:
+    return {
+        "model": "sonnet",
+        "max_tokens": 100,
+        "system": "You are a coding agent.",
+        "tools": [{"name": "Bash", "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}],
+        "messages": [{"role": "user", "content": "run the tests"}],
+        **extra,
+    }
+
+
+def post(path: str, data: dict, secret: str, **headers):
+    factory = AsyncRequestFactory()
+    return factory.post(
+        path, data=json.dumps(data), content_type="application/json", headers={"x-api-key": secret, **headers}
+    )
+
+
+def test_stream_is_staged_before_content_and_settled_after_message_stop(alice, qwen3_tokenizer, published):
+    make_route(backend="scripted", config=scripted(qwen3_tokenizer, "Running them.\n" + TOOL_CALL))
+    secret = issue(alice.org, "qwen3-test", trial="trl_1", run="run_1")
+
+    async def scenario():
+        response = await views.messages_view(post("/v1/messages", body(stream=True), secret))
+        seen = []
+        async for chunk in response.streaming_content:
+            event = chunk.decode().split("\n", 1)[0].removeprefix("event: ")
+            rows = await sync_to_async(lambda: list(Interaction.objects.values("integrity", "delivery")))()
+            seen.append((event, rows))
+        return seen
+
+    seen = async_to_sync(scenario)()
+    by_event = dict(seen)
+    assert by_event["message_start"] == []  # nothing sampled yet
+    staged = {"integrity": Integrity.STAGED, "delivery": Delivery.PENDING}
+    assert by_event["content_block_start"] == [staged]
+    assert by_event["message_stop"] == [staged]  # staged before message_stop; delivered only after
+    interaction = Interaction.objects.get()
+    assert interaction.delivery == Delivery.DELIVERED and interaction.delivered_at is not None
+    assert interaction.eligibility == Eligibility.ELIGIBLE
+    assert published == [interaction.id]
+    assert interaction.stop_reason == "tool_use" and interaction.stream is True
+
+
+def test_json_is_staged_before_it_is_returned(alice, qwen3_tokenizer, published):
+    make_route(backend="scripted", config=scripted(qwen3_tokenizer, "All green.<|im_end|>"))
+    secret = issue(alice.org, "qwen3-test")
+    response = async_to_sync(views.messages_view)(post("/v1/messages", body(), secret))
+    assert response.status_code == 200
+    interaction = Interaction.objects.get()
+    assert (interaction.integrity, interaction.delivery) == (Integrity.STAGED, Delivery.PENDING)
+    assert interaction.payload["content"] == [{"type": "text", "text": "All green."}]
+    assert published == []
+    request_finished.disconnect(close_old_connections)  # as Django's test client does
+    try:
+        response.close()  # what the ASGI server does once the body is sent
+    finally:
+        request_finished.connect(close_old_connections)
+    interaction.refresh_from_db()
+    assert interaction.delivery == Delivery.DELIVERED and published == [interaction.id]
+
+
+def test_payload_is_complete_and_re_renders_to_the_same_ids(alice, qwen3_tokenizer):
+    make_route(backend="scripted", config=scripted(qwen3_tokenizer, "<think>\nok\n</think>\n\nRunning.\n" + TOOL_CALL))
+    secret = issue(alice.org, "qwen3-test", trial="trl_9", run="run_9")
+    headers = {"x-claude-code-session-id": "s-1", "anthropic-beta": "a-1,b-2", "x-synth-trial": "trl_9"}
+    r = call("/v1/messages", secret=secret, body=body(thinking={"type": "adaptive"}), headers=headers)
+    assert r.status == 200
+    interaction = Interaction.objects.get()
+    payload = interaction.payload
+    assert payload["format"] == "synth.interaction/1" and payload["id"] == interaction.id
+    assert (payload["run_id"], payload["trial_id"], payload["session_id"]) == ("run_9", "trl_9", "s-1")
+    assert payload["route"]["name"] == "qwen3-test" and payload["snapshot"]["backend"] == "scripted"
+    assert payload["anthropic_beta"] == ["a-1", "b-2"]
+    sampled = encode(qwen3_tokenizer, "<think>\nok\n</think>\n\nRunning.\n" + TOOL_CALL)
+    assert payload["output_ids"] == sampled and payload["logprobs"] == [0.0] * len(sampled)
+    assert payload["finish"] == "stop" and payload["stop_reason"] == "tool_use"
+    assert [b["type"] for b in payload["content"]] == ["thinking", "text", "tool_use"]
+    assert set(payload["timings"]) >= {"queue_ms", "render_ms", "sample_ms", "parse_ms", "total_ms"}
+    assert interaction.prompt_tokens == len(payload["prompt_ids"]) and interaction.output_tokens == len(sampled)
+    # Re-rendering the captured (effective) request reproduces the sampled prompt exactly.
+    rerendered = adapter_for("qwen3").render(request=json.loads(payload["request_json"])).token_ids
+    assert list(rerendered) == payload["prompt_ids"]
+
+
+def test_fitting_is_recorded_and_the_effective_prompt_captured(alice):
+    make_route(context_window=900, max_output=100)
+    huge = "\n".join(f"log line {i} " + "x" * 40 for i in range(300))
+    messages = [
+        {"role": "user", "content": "check"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": huge}]},
+    ]
+    r = call("/v1/messages", secret=alice.secret, body=body(messages=messages, max_tokens=4000, stream=True))
+    assert r.status == 200 and r.events()[-1][0] == "message_stop", r.body
+    interaction = Interaction.objects.get()
+    payload = interaction.payload
+    assert interaction.fitted and payload["fitting"][0]["tool_use_id"] == "toolu_1"
+    assert payload["original_prompt_tokens"] > 800 >= len(payload["prompt_ids"])
+    assert payload["sampling"] == {
+        **payload["sampling"],
+        "max_tokens": 100,
+        "max_tokens_requested": 4000,
+    }
+    fitted_text = json.loads(payload["request_json"])["messages"][2]["content"][0]["content"]
+    assert "characters omitted by the proxy to fit the context window" in fitted_text
+    assert (
+        list(adapter_for("qwen3").render(request=json.loads(payload["request_json"])).token_ids)
+        == payload["prompt_ids"]
+    )
+    # interactive use is captured but not learning material
+    assert interaction.principal_kind == "operator" and interaction.eligibility == Eligibility.INELIGIBLE
+
+
+def test_client_disconnect_during_sampling(alice, qwen3_tokenizer, monkeypatch, published):
+    class Slow(Sampler):
+        async def sample(self, request: SampleRequest) -> SampleResult:
+            await asyncio.sleep(30)
+            raise AssertionError("not reached")
+
+    async def slow(*, route, snapshot):
+        return Slow()
+
+    monkeypatch.setattr(services, "sampler_get", slow)
+    monkeypatch.setattr(views, "PING_SECONDS", 0.02)
+    make_route()
+    secret = issue(alice.org, "qwen3-test")
+
+    async def scenario():
+        response = await views.messages_view(post("/v1/messages", body(stream=True), secret))
+        events = response._iterator  # the view's own generator, as the server drives it
+        assert (await events.__anext__()).startswith(b"event: message_start")
+        assert (await events.__anext__()).startswith(b"event: ping")
+        await events.aclose()  # the client went away
+
+    async_to_sync(scenario)()
+    interaction = Interaction.objects.get()
+    assert interaction.delivery == Delivery.CLIENT_DISCONNECTED
+    assert interaction.eligibility == Eligibility.INELIGIBLE and "disconnected" in interaction.eligibility_reason
+    assert interaction.payload["output_ids"] == [] and interaction.payload["prompt_ids"]
+    assert published == [interaction.id]
+    from apps.proxy import pool
+
+    assert pool.generation.stats() == {"active": 0, "waiting": 0, "reserved": 0}
+
+
+def test_sampler_failure_is_recorded_as_failed(alice, monkeypatch):
+    class Broken(Sampler):
+        async def sample(self, request: SampleRequest) -> SampleResult:
+            raise RuntimeError("CUDA out of memory")
+
+    async def broken(*, route, snapshot):
+        return Broken()
+
+    monkeypatch.setattr(services, "sampler_get", broken)
+    make_route()
+    r = call("/v1/messages", secret=issue(alice.org, "qwen3-test"), body=body())
+    assert r.status == 500 and r.json()["error"]["type"] == "api_error"
+    interaction = Interaction.objects.get()
+    assert interaction.delivery == Delivery.FAILED and "CUDA" in interaction.delivery_error
+    assert interaction.eligibility == Eligibility.INELIGIBLE
+
+
+def test_publish_uploads_create_only_and_verifies(alice, qwen3_tokenizer):
+    make_route(backend="scripted", config=scripted(qwen3_tokenizer, "Fine.<|im_end|>"))
+    call("/v1/messages", secret=issue(alice.org, "qwen3-test"), body=body())
+    interaction = Interaction.objects.get()
+    staged_payload = interaction.payload
+    assert capture.interaction_publish(interaction_id=interaction.id) == Integrity.VERIFIED
+    interaction.refresh_from_db()
+    data = canonical_bytes(staged_payload)
+    assert interaction.integrity == Integrity.VERIFIED and interaction.payload is None
+    assert interaction.payload_sha256 == hashlib.sha256(data).hexdigest() and interaction.payload_size == len(data)
+    stored = StoredObject.objects.get(org=alice.org, sha256=interaction.payload_sha256)
+    # The published bytes alone reproduce the prompt: re-render their request.
+    published_payload = json.loads(object_read(obj=stored))
+    rerendered = adapter_for("qwen3").render(request=json.loads(published_payload["request_json"]))
+    assert list(rerendered.token_ids) == published_payload["prompt_ids"]
+    # Idempotent: a redelivered task changes nothing.
+    assert capture.interaction_publish(interaction_id=interaction.id) == Integrity.VERIFIED
+    assert capture.interaction_publish(interaction_id="int_missing") == "missing"
+
+
+def test_sweeper_settles_abandoned_rows_and_requeues_staged(alice, qwen3_tokenizer, published):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    make_route(backend="scripted", config=scripted(qwen3_tokenizer, "a<|im_end|>"))
+    response = async_to_sync(views.messages_view)(post("/v1/messages", body(), issue(alice.org, "qwen3-test")))
+    assert response.status_code == 200  # never closed: as if the server died mid-send
+    Interaction.objects.update(created_at=timezone.now() - timedelta(hours=1))
+    assert capture.staged_sweep() == 1
+    interaction = Interaction.objects.get()
+    assert interaction.delivery == Delivery.FAILED and interaction.delivery_error == "never settled"
+    assert published == [interaction.id, interaction.id]
+
+
+# CONTROL API
+# ------------------------------------------------------------------------------
+
+
+def test_interactions_api_scoped_by_org(alice, qwen3_tokenizer):
+    bob = make_member("rival", "bob")
+    make_route(backend="scripted", config={**scripted(qwen3_tokenizer, "x<|im_end|>"), "cycle": True})
+    # (streamed: the stream settles delivery itself, in this thread's transaction)
+    call("/v1/messages", secret=issue(alice.org, "qwen3-test", trial="trl_a", run="run_a"), body=body(stream=True))
+    call("/v1/messages", secret=issue(alice.org, "qwen3-test", trial="trl_b", run="run_a"), body=body(stream=True))
+    call("/v1/messages", secret=issue(bob.org, "qwen3-test", trial="trl_c", run="run_c"), body=body(stream=True))
+
+    listed = alice.client.get("/api/interactions").json()
+    assert {i["trial"] for i in listed["results"]} == {"trl_a", "trl_b"} and "next" in listed
+    only = alice.client.get("/api/interactions", {"run": "run_a", "trial": "trl_b"}).json()["results"]
+    assert [i["trial"] for i in only] == ["trl_b"]
+    assert alice.client.get("/api/interactions", {"run": "run_c"}).json()["results"] == []
+
+    target = Interaction.objects.get(trial_id="trl_a")
+    detail = alice.client.get(f"/api/interactions/{target.id}").json()
+    assert detail["integrity"]["state"] == "staged" and detail["delivery"]["state"] == "delivered"
+    assert detail["payload"]["inline"]["prompt_ids"] and detail["payload"]["download"] is None
+    assert detail["eligibility"] == {"state": "eligible", "reason": None}
+
+    capture.interaction_publish(interaction_id=target.id)
+    detail = alice.client.get(f"/api/interactions/{target.id}").json()
+    assert detail["integrity"]["state"] == "verified" and detail["payload"]["inline"] is None
+    url = urlparse(detail["payload"]["download"]["url"])
+    fetched = alice.client.get(f"{url.path}?{url.query}")
+    content = b"".join(fetched.streaming_content) if fetched.streaming else fetched.content
+    assert hashlib.sha256(content).hexdigest() == detail["integrity"]["sha256"]
+    assert json.loads(content)["trial_id"] == "trl_a"
+
+    # Another org's interaction does not exist for bob; unauthenticated is 401.
+    assert bob.client.get(f"/api/interactions/{target.id}").status_code == 404
+    assert bob.client.get("/api/interactions/int_nope").status_code == 404
+    assert {i["trial"] for i in bob.client.get("/api/interactions").json()["results"]} == {"trl_c"}
+    from rest_framework.test import APIClient
+
+    assert APIClient().get("/api/interactions").status_code == 401
+
+
+def test_models_api(alice):
+    make_route("qwen3-a", trainable=True)
+    make_route("qwen3-b", inference_enabled=False)
+    results = alice.client.get("/api/models").json()["results"]
+    assert results[0] == {
+        "name": "qwen3-a",
+        "family": "qwen3",
+        "context_window": 32768,
+        "max_output": 4096,
+        "trainable": True,
+        "inference_enabled": True,
+        "aliases": ["claude-*", "sonnet", "opus", "haiku"],
+    }
+    assert [r["name"] for r in results] == ["qwen3-a", "qwen3-b"]
+
+
+def test_route_add_command():
+    call_command("route_add", "--default")
+    route = ModelRoute.objects.get(name="qwen3-8b")
+    assert (route.family, route.sampler_backend, route.sampler_config) == (
+        "qwen3",
+        "local",
+        {"family": "qwen3", "tiny": True, "seed": 0},
+    )
+    assert route.trainable and route.inference_enabled and "claude-*" in route.aliases
+    call_command("route_add", "qwen3-8b", "--max-output", "2048")  # idempotent update
+    assert ModelRoute.objects.get(name="qwen3-8b").max_output == 2048
+    call_command(
+        "route_add",
+        "vllm-qwen",
+        "--family",
+        "qwen3",
+        "--context-window",
+        "65536",
+        "--max-output",
+        "8192",
+        "--backend",
+        "openai",
+        "--config",
+        '{"base_url": "http://vllm:8000", "model": "q"}',
+        "--no-inference",
+    )
+    vllm = ModelRoute.objects.get(name="vllm-qwen")
+    assert vllm.tokenizer == "qwen3" and not vllm.inference_enabled and not vllm.trainable
+
+
+def test_admin_pages_render(admin_client, alice, qwen3_tokenizer):
+    from django.urls import reverse
+
+    from apps.accounts.models import ModelCredential
+
+    make_route(backend="scripted", config=scripted(qwen3_tokenizer, "ok<|im_end|>"))
+    call("/v1/messages", secret=issue(alice.org, "qwen3-test"), body=body())
+    for model in (ModelRoute, Interaction, ModelCredential):
+        meta = model._meta
+        assert admin_client.get(reverse(f"admin:{meta.app_label}_{meta.model_name}_changelist")).status_code == 200
+        obj = model.objects.get()
+        page = admin_client.get(reverse(f"admin:{meta.app_label}_{meta.model_name}_change", args=[obj.pk]))
+        assert page.status_code == 200
+        assert "prompt_ids" not in page.content.decode()  # payloads are never rendered in the admin
+
+
+def test_client_disconnect_after_staging(alice, qwen3_tokenizer, published):
+    make_route(backend="scripted", config=scripted(qwen3_tokenizer, "A long answer " * 50 + "<|im_end|>"))
+    secret = issue(alice.org, "qwen3-test")
+
+    async def scenario():
+        response = await views.messages_view(post("/v1/messages", body(stream=True), secret))
+        events = response._iterator
+        while not (await events.__anext__()).startswith(b"event: content_block_delta"):
+            pass
+        await events.aclose()
+
+    async_to_sync(scenario)()
+    interaction = Interaction.objects.get()
+    assert interaction.delivery == Delivery.CLIENT_DISCONNECTED and interaction.payload["output_ids"]
+    assert interaction.integrity == Integrity.STAGED and published == [interaction.id]

@@ -1,0 +1,212 @@
+"""Exact-token prefix reuse: identical ids with and without the cache."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from apps.proxy import services
+from apps.proxy.adapters.qwen import Qwen3Adapter
+from apps.proxy.prefix_cache import PrefixCache, assistant_boundary, chatml_tokenize
+from apps.proxy.prefix_cache import cache as global_cache
+
+KEY = ("org_a", "mcr_a", "qwen3-8b", "qwen3", "session", "")
+
+
+@pytest.fixture
+def adapter(qwen3_tokenizer):
+    return Qwen3Adapter(tokenizer=qwen3_tokenizer)
+
+
+def conversation(turns: int, *, thinking: bool = False) -> list[dict]:
+    """A Claude Code-like tool loop, `turns` tool cycles long, with awkward content:
+    unicode, digits, whitespace runs and text that looks like markup."""
+    messages: list[dict] = [{"role": "user", "content": "Fix the failing test in café/naïve_test.py  \n\n"}]
+    for i in range(turns):
+        content: list[dict] = []
+        if thinking:
+            content.append({"type": "thinking", "thinking": f"Step {i}: inspect   things 123456", "signature": "s"})
+        content += [
+            {"type": "text", "text": f"Running step {i} — ok?"},
+            {"type": "tool_use", "id": f"toolu_{i}", "name": "Bash", "input": {"command": f"pytest -k t{i}", "n": i}},
+        ]
+        messages.append({"role": "assistant", "content": content})
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": f"toolu_{i}",
+                        "content": f"=== {i} passed ===\n\t  x = {{}}\n",
+                    },
+                    {"type": "text", "text": "<system-reminder>keep going</system-reminder>"},
+                ],
+            }
+        )
+    return messages
+
+
+def request(messages: list[dict], **extra) -> dict:
+    return {
+        "system": [{"type": "text", "text": "You are a coding agent."}],
+        "tools": [
+            {
+                "name": "Bash",
+                "description": "Run",
+                "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}},
+            }
+        ],
+        "messages": messages,
+        **extra,
+    }
+
+
+def cached_render(adapter, req, cache_key=KEY):
+    return services.render_with_cache(adapter=adapter, family="qwen3", request=req, key=cache_key)
+
+
+def remember(adapter, rendered, cache_key=KEY):
+    turn_end_id, sep = services._turn_end_ids(adapter, "qwen3")
+    global_cache.remember(
+        key=cache_key,
+        family="qwen3",
+        text=rendered.text,
+        ids=list(rendered.token_ids),
+        turn_end_id=turn_end_id,
+        separator_ids=sep,
+    )
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_multi_turn_ids_identical_with_and_without_cache(adapter, qwen3_tokenizer, thinking):
+    global_cache.clear()
+    reused_total = 0
+    for turns in range(0, 8):
+        req = request(conversation(turns, thinking=thinking), thinking={"type": "adaptive"})
+        with_cache = cached_render(adapter, req)
+        without = adapter.render(request=req)
+        plain = qwen3_tokenizer.encode(without.text, add_special_tokens=False).ids
+        assert list(with_cache.token_ids) == list(without.token_ids) == plain, turns
+        reused_total += with_cache.reused
+        if turns >= 2:
+            assert with_cache.reused > 0, f"turn {turns} should reuse the previous prompt"
+        remember(adapter, with_cache)
+    assert reused_total > 0
+
+
+def test_changed_history_misses_and_stays_exact(adapter):
+    global_cache.clear()
+    first = cached_render(adapter, request(conversation(3)))
+    remember(adapter, first)
+    # A compaction rewrites history: the cached text is no longer a prefix.
+    edited = conversation(4)
+    edited[0] = {"role": "user", "content": "Summary of the earlier conversation."}
+    again = cached_render(adapter, request(edited))
+    assert again.reused == 0
+    assert list(again.token_ids) == list(adapter.render(request=request(edited)).token_ids)
+
+
+def test_sampled_turn_splices_survive_the_cache(adapter):
+    """A turn the model sampled with non-canonical ids is rendered back as those ids by the
+    adapter; a cache hit must give the same ids."""
+    global_cache.clear()
+    messages = conversation(1)
+    req = request(messages)
+    first = cached_render(adapter, req)
+    remember(adapter, first)
+    # The model answers with extra spaces in its tool-call JSON (non-canonical).
+    sampled_text = (
+        'Done.\n<tool_call>\n{"name":   "Bash", "arguments": {"command": "ls", "n": 9}}\n</tool_call><|im_end|>'
+    )
+    sampled = adapter.encode(sampled_text)
+    parsed = adapter.parse(token_ids=sampled, stopped=True, id_seed="x")
+    assert len(adapter.memo) >= 1
+    messages = messages + [
+        {"role": "assistant", "content": parsed.blocks},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": parsed.blocks[-1]["id"], "content": "ok"}]},
+    ]
+    req2 = request(messages)
+    second = cached_render(adapter, req2)
+    full = adapter.render(request=req2)
+    assert second.reused > 0
+    assert list(second.token_ids) == list(full.token_ids)
+    # The adapter spliced the sampled ids in (a plain re-tokenization would differ).
+    body = sampled[:-1]
+    ids = list(full.token_ids)
+    assert any(ids[i : i + len(body)] == body for i in range(len(ids) - len(body) + 1))
+    assert ids != adapter.encode(full.text)
+
+
+def test_entries_are_scoped_by_conversation(adapter):
+    global_cache.clear()
+    req = request(conversation(3))
+    remember(adapter, cached_render(adapter, req))
+    other_agent = (*KEY[:-1], "agent-2")
+    other_org = ("org_b", *KEY[1:])
+    assert cached_render(adapter, req, other_agent).reused == 0
+    assert cached_render(adapter, req, other_org).reused == 0
+    assert cached_render(adapter, req).reused > 0
+
+
+def test_boundary_is_the_last_completed_assistant_turn():
+    text = "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\na<|im_end|>\n<|im_start|>user\nr<|im_end|>\n<|im_start|>assistant\n"
+    end = assistant_boundary(text, assistant_open="<|im_start|>assistant", turn_end="<|im_end|>", separator="\n")
+    assert text[:end].endswith("assistant\na<|im_end|>\n")
+    assert (
+        assistant_boundary(
+            "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n",
+            assistant_open="<|im_start|>assistant",
+            turn_end="<|im_end|>",
+            separator="\n",
+        )
+        is None
+    )
+
+
+def test_bounded_lru(adapter):
+    small = PrefixCache(max_entries=2, max_bytes=10**9)
+    turn_end_id, sep = services._turn_end_ids(adapter, "qwen3")
+    rendered = adapter.render(request=request(conversation(2)))
+    for i in range(5):
+        small.remember(
+            key=("k", str(i)),
+            family="qwen3",
+            text=rendered.text,
+            ids=list(rendered.token_ids),
+            turn_end_id=turn_end_id,
+            separator_ids=sep,
+        )
+    assert len(small) == 2
+    tiny = PrefixCache(max_entries=10, max_bytes=100)
+    tiny.remember(
+        key=("k",),
+        family="qwen3",
+        text=rendered.text,
+        ids=list(rendered.token_ids),
+        turn_end_id=turn_end_id,
+        separator_ids=sep,
+    )
+    assert len(tiny) == 0  # larger than the whole budget: not kept
+    other = PrefixCache()
+    other.remember(
+        key=("k",),
+        family="glm-4.5",
+        text=rendered.text,
+        ids=list(rendered.token_ids),
+        turn_end_id=turn_end_id,
+        separator_ids=sep,
+    )
+    assert len(other) == 0  # families without an exact boundary are never cached
+
+
+def test_chatml_tokenize_matches_plain_encoding_without_splices(adapter):
+    text = adapter.render(request=request(conversation(2))).text
+    assert chatml_tokenize(adapter=adapter, text=text) == adapter.encode(text)
+    assert json.dumps(chatml_tokenize(adapter=adapter, text="")) == "[]"
+
+
+def test_template_text_is_the_rendered_text(adapter):
+    req = request(conversation(3), thinking={"type": "disabled"})
+    assert services.template_text(adapter=adapter, request=req) == adapter.render(request=req).text

@@ -1,0 +1,147 @@
+"""A small OpenAI-compatible /v1/completions server in front of a real LocalTorchSampler.
+
+It speaks the vLLM response shape (token ids as the prompt; ``stop_token_ids``, ``top_k``,
+``seed``; ``logprobs.tokens`` as ``"token_id:N"`` with ``return_tokens_as_token_ids``;
+``choices[0].token_ids`` with ``return_token_ids``; ``stop_reason`` as the matched stop id),
+so OpenAICompatibleSampler is tested against a server that really samples. There is no
+tokenizer here, so ``text`` is empty. A raw ASGI app under uvicorn, on a background thread.
+
+Test hooks, chosen by the request's "model": "overloaded" -> 503 with Retry-After,
+"slow" -> sleeps before answering, "no-logprobs" -> a 200 without logprobs.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+from apps.proxy.samplers.base import SampleRequest
+from apps.proxy.samplers.local import LocalTorchSampler
+
+
+class CompletionsApp:
+    def __init__(self, sampler: LocalTorchSampler, *, model: str = "tiny") -> None:
+        self.sampler = sampler
+        self.model = model
+        self.requests: list[dict[str, Any]] = []  # (headers, body) seen, for assertions
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        raw = b""
+        while True:
+            message = await receive()
+            raw += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if scope["method"] != "POST" or scope["path"] != "/v1/completions":
+            await self._send(send, 404, {"error": {"message": "not found", "type": "NotFound", "code": 404}})
+            return
+        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            await self._send(send, 400, {"error": {"message": "invalid JSON", "type": "BadRequestError", "code": 400}})
+            return
+        self.requests.append({"headers": headers, "body": body})
+        status, payload, extra_headers = await self._complete(body)
+        await self._send(send, status, payload, extra_headers)
+
+    async def _complete(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
+        model = body.get("model")
+        if model == "overloaded":
+            return 503, {"error": {"message": "server overloaded", "type": "ServiceUnavailable", "code": 503}}, {
+                "retry-after": "7"
+            }
+        if model == "slow":
+            await asyncio.sleep(3.0)
+        prompt = body.get("prompt")
+        if not isinstance(prompt, list) or not prompt or not all(isinstance(t, int) for t in prompt):
+            return 400, {"error": {"message": "prompt must be a non-empty list of token ids", "type": "BadRequestError",
+                                   "code": 400}}, {}
+        top_k = body.get("top_k")
+        request = SampleRequest(
+            prompt_ids=prompt,
+            max_tokens=int(body.get("max_tokens", 16)),
+            stop_token_ids=list(body.get("stop_token_ids") or []),
+            temperature=float(body.get("temperature", 1.0)),
+            top_p=body.get("top_p"),
+            top_k=top_k if top_k not in (None, -1, 0) else None,
+            seed=body.get("seed"),
+        )
+        result = await self.sampler.sample(request)
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": "",
+            "finish_reason": result.finish,
+            "stop_reason": result.token_ids[-1] if result.finish == "stop" else None,
+        }
+        if model != "no-logprobs" and body.get("logprobs") is not None:
+            as_ids = bool(body.get("return_tokens_as_token_ids"))
+            names = [f"token_id:{t}" if as_ids else f"<{t}>" for t in result.token_ids]
+            choice["logprobs"] = {
+                "text_offset": [0] * len(names),
+                "token_logprobs": result.logprobs,
+                "tokens": names,
+                "top_logprobs": [{n: lp} for n, lp in zip(names, result.logprobs, strict=True)],
+            }
+        else:
+            choice["logprobs"] = None
+        if body.get("return_token_ids"):
+            choice["token_ids"] = result.token_ids
+            choice["prompt_token_ids"] = prompt
+        payload = {
+            "id": f"cmpl-{len(self.requests)}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model if model in (None, "tiny") else model,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(result.token_ids),
+                "total_tokens": len(prompt) + len(result.token_ids),
+            },
+        }
+        return 200, payload, {}
+
+    @staticmethod
+    async def _send(send: Any, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(payload).encode()
+        raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+        raw_headers += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+        await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+        await send({"type": "http.response.body", "body": data})
+
+
+class ServerThread:
+    """uvicorn on 127.0.0.1 (a free port) in a daemon thread with its own event loop."""
+
+    def __init__(self, app: CompletionsApp) -> None:
+        self.app = app
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("test completions server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()
