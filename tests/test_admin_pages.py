@@ -24,7 +24,7 @@ def test_every_model_admin_renders(admin_client, alice, inputs):
     node = node_register(name="n", budget=Budget(slots=2, cpus=2, memory_mb=1024, storage_mb=1024))
     admission_request(node=node, trial=trial, need=Need(cpus=1, memory_mb=256, storage_mb=10))
     checked = 0
-    for model, model_admin in admin.site._registry.items():
+    for model in admin.site._registry:
         meta = model._meta
         url = reverse(f"admin:{meta.app_label}_{meta.model_name}_changelist")
         resp = admin_client.get(url)
