@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import inspect
 import logging
 import secrets
 import sys
@@ -351,24 +350,22 @@ def _stop_sequence_cut(*, adapter: ChatAdapter, ids: list[int], stops: list[str]
     return lo, stop
 
 
-def _parse(adapter: ChatAdapter, *, token_ids: list[int], stopped: bool, id_seed: str) -> Any:
-    # Adapters that derive tool_use ids from the sampled ids take a seed, so identical
-    # outputs in one conversation still get distinct ids.
-    if "id_seed" in inspect.signature(adapter.parse).parameters:
-        return adapter.parse(token_ids=token_ids, stopped=stopped, id_seed=id_seed)
-    return adapter.parse(token_ids=token_ids, stopped=stopped)
+def _parse(adapter: ChatAdapter, *, token_ids: list[int], stopped: bool, id_seed: str, tools: Any) -> Any:
+    # id_seed keeps tool_use ids distinct for identical outputs in one conversation; the
+    # request's tools let an adapter type arguments by schema (GLM writes them as text).
+    return adapter.parse(token_ids=token_ids, stopped=stopped, id_seed=id_seed, tools=tools)
 
 
 def _parse_sync(
-    *, adapter: ChatAdapter, sample: SampleResult, stops: list[str], id_seed: str
+    *, adapter: ChatAdapter, sample: SampleResult, stops: list[str], id_seed: str, tools: Any = None
 ) -> tuple[list[dict[str, Any]], str, str | None, list[str], int]:
     ids = list(sample.token_ids)
     cut = _stop_sequence_cut(adapter=adapter, ids=ids, stops=stops)
     if cut is None:
-        parsed = _parse(adapter, token_ids=ids, stopped=sample.finish == "stop", id_seed=id_seed)
+        parsed = _parse(adapter, token_ids=ids, stopped=sample.finish == "stop", id_seed=id_seed, tools=tools)
         return _finalize_blocks(parsed.blocks), parsed.stop_reason, None, list(parsed.parse_errors), len(ids)
     count, stop = cut
-    parsed = _parse(adapter, token_ids=ids[:count], stopped=True, id_seed=id_seed)
+    parsed = _parse(adapter, token_ids=ids[:count], stopped=True, id_seed=id_seed, tools=tools)
     blocks = _finalize_blocks(parsed.blocks)
     # The response excludes the stop sequence itself (Anthropic's behaviour).
     for block in reversed(blocks):
@@ -412,6 +409,7 @@ async def message_sample(*, prepared: Prepared, ticket: pool.Ticket) -> Completi
         sample=sample,
         stops=request.get("stop_sequences") or [],
         id_seed=ctx.request_id,
+        tools=request.get("tools"),
     )
     parse_ms = (time.perf_counter() - started) * 1000
     return Completion(

@@ -59,9 +59,13 @@ class ChatAdapter(ABC):
         """Token ids that end an assistant turn (end-of-turn / end-of-text)."""
 
     @abstractmethod
-    def parse(self, *, token_ids: list[int], stopped: bool) -> ParsedOutput:
+    def parse(
+        self, *, token_ids: list[int], stopped: bool, id_seed: str = "", tools: list[dict[str, Any]] | None = None
+    ) -> ParsedOutput:
         """Parse an assistant turn's sampled ids. `stopped` is True when sampling ended on
-        a stop token (so the turn is complete) and False when it hit max_tokens."""
+        a stop token (so the turn is complete) and False when it hit max_tokens. `id_seed`
+        (the request id) keeps derived tool_use ids unique; `tools` (the request's) lets a
+        family whose calls carry untyped argument text type them by schema."""
 
     def count_tokens(self, *, request: dict[str, Any]) -> int:
         return len(self.render(request=request).token_ids)

@@ -194,7 +194,9 @@ class DeepSeekAdapter(TemplateAdapter):
 
     # --- parsing -----------------------------------------------------------------------------
 
-    def parse(self, *, token_ids: list[int], stopped: bool, id_seed: str = "") -> ParsedOutput:
+    def parse(
+        self, *, token_ids: list[int], stopped: bool, id_seed: str = "", tools: list[dict[str, Any]] | None = None
+    ) -> ParsedOutput:
         body_ids, stop_id = self._split_stop(token_ids, stopped)
         text = self.decode(body_ids)
         blocks: list[dict[str, Any]] = []

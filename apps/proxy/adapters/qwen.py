@@ -374,7 +374,9 @@ class _QwenBase(ChatAdapter):
 
     # --- parsing ------------------------------------------------------------------------------
 
-    def parse(self, *, token_ids: list[int], stopped: bool, id_seed: str = "") -> ParsedOutput:
+    def parse(
+        self, *, token_ids: list[int], stopped: bool, id_seed: str = "", tools: list[dict[str, Any]] | None = None
+    ) -> ParsedOutput:
         """Sampled ids -> Anthropic blocks. Never raises on model output.
 
         `id_seed` (e.g. the request id) makes tool_use ids unique across identical outputs;

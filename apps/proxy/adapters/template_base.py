@@ -180,7 +180,9 @@ class TemplateAdapter(ChatAdapter):
         return "tool_use" if calls else "end_turn"
 
     @abstractmethod
-    def parse(self, *, token_ids: list[int], stopped: bool, id_seed: str = "") -> ParsedOutput:
+    def parse(
+        self, *, token_ids: list[int], stopped: bool, id_seed: str = "", tools: list[dict[str, Any]] | None = None
+    ) -> ParsedOutput:
         """Sampled ids -> Anthropic blocks; never raises on model output."""
 
 
