@@ -92,10 +92,6 @@ def login_command(
         ui.line(f"Logged in to {url}; saved to {path}")
 
 
-def _later(what: str, needs: str) -> CliError:
-    return CliError(f"`{what}` needs {needs}, which this server version does not have yet")
-
-
 @agent_app.command("run")
 def agent_run_command(
     profile: Annotated[
@@ -164,17 +160,51 @@ def agent_run_command(
 )
 def claude_command(
     model: Annotated[
-        str | None, typer.Option("--model", metavar="BASE|CHECKPOINT", help="A model route or a checkpoint id.")
+        str | None,
+        typer.Option(
+            "--model", metavar="BASE|CHECKPOINT", help="A model route (default: qwen3-8b) or a checkpoint id."
+        ),
     ] = None,
+    ttl: Annotated[int, typer.Option("--ttl", help="Seconds the session's model credential lives.")] = 12 * 3600,
     claude_args: Annotated[
         list[str] | None, typer.Argument(metavar="CLAUDE_ARGS", help="Passed to claude unchanged.")
     ] = None,
 ) -> None:
-    """Run Claude Code against a Synth model or checkpoint (not available yet).
+    """Run the installed Claude Code against a Synth model, with its own tools, plugins,
+    permissions and resume behaviour.
 
-    Example: synth claude --model ckpt_01h... -- -p "fix the failing test"
+    Asks the server for a short-lived credential scoped to that model (never hands over
+    your API token), points Claude Code at the proxy and names the model for the main
+    agent, subagents and the small/fast slot. The claude binary: $SYNTH_CLAUDE_BIN, else
+    `claude` on PATH, else node_modules/.bin/claude of the current directory.
+
+    Example: synth claude --model qwen3-8b -- -p "fix the failing test"
     """
-    raise _later("synth claude", "the model proxy")
+    import os
+    import shutil
+
+    with api_open() as api:
+        issued = api.post("/api/model-credentials", json={"model": model or "qwen3-8b", "ttl_sec": ttl})
+    binary = os.environ.get("SYNTH_CLAUDE_BIN") or shutil.which("claude")
+    if not binary and Path("node_modules/.bin/claude").exists():
+        binary = str(Path("node_modules/.bin/claude").resolve())
+    if not binary:
+        raise CliError("Claude Code is not installed: npm install @anthropic-ai/claude-code (or set SYNTH_CLAUDE_BIN)")
+    route = issued["route"]
+    env = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "SYNTH_TOKEN")}
+    env.update(
+        ANTHROPIC_BASE_URL=issued["base_url"],
+        ANTHROPIC_AUTH_TOKEN=issued["credential"],
+        ANTHROPIC_MODEL=route,
+        ANTHROPIC_DEFAULT_SONNET_MODEL=route,
+        ANTHROPIC_DEFAULT_OPUS_MODEL=route,
+        ANTHROPIC_DEFAULT_HAIKU_MODEL=route,
+        ANTHROPIC_SMALL_FAST_MODEL=route,
+        CLAUDE_CODE_SUBAGENT_MODEL=route,
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+    )
+    # Replace this process: signals, the terminal and the exit code belong to Claude Code.
+    os.execvpe(binary, [binary, *(claude_args or [])], env)
 
 
 def main() -> None:

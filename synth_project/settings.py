@@ -251,3 +251,5 @@ SYNTH_ARTIFACT_MAX_BYTES = env_int("SYNTH_ARTIFACT_MAX_BYTES", 64 * 1024 * 1024)
 # ------------------------------------------------------------------------------
 # Tokenizers built offline from pinned packages (manage.py provision_tokenizers).
 SYNTH_TOKENIZER_DIR = Path(os.environ.get("SYNTH_TOKENIZER_DIR") or VAR_DIR / "tokenizers")
+# Where operators' harnesses (synth claude) reach the proxy; the gateway serves /v1 too.
+SYNTH_PROXY_PUBLIC_URL = os.environ.get("SYNTH_PROXY_PUBLIC_URL", "").rstrip("/") or None

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers
+from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.core.pagination import IdCursorPagination
-from apps.proxy import selectors
+from apps.proxy import selectors, services
 from apps.proxy.models import Integrity, Interaction, ModelRoute
 
 
@@ -113,3 +114,25 @@ class InteractionDetailApi(APIView):
                 },
             }
         return Response(data)
+
+
+class InteractiveCredentialCreateApi(APIView):
+    """A model credential for an operator's interactive session (`synth claude`): scoped to
+    one route of the caller's organization and short-lived, so the harness never holds the
+    operator's API token. Viewers may not open model sessions."""
+
+    class InputSerializer(serializers.Serializer):
+        model = serializers.CharField(max_length=300)
+        ttl_sec = serializers.IntegerField(required=False, min_value=60, max_value=7 * 24 * 3600, default=12 * 3600)
+
+    @extend_schema(request=InputSerializer, responses={201: dict})
+    def post(self, request: Request) -> Response:
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        issued = services.interactive_credential_issue(
+            org=request.auth.org,
+            user=request.user,
+            model=data.validated_data["model"],
+            ttl=timedelta(seconds=data.validated_data["ttl_sec"]),
+        )
+        return Response(issued, status=status.HTTP_201_CREATED)

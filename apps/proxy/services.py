@@ -22,7 +22,7 @@ from typing import Any
 
 from django.conf import settings
 
-from apps.proxy import pool
+from apps.proxy import pool, selectors
 from apps.proxy.adapters.base import ChatAdapter, RenderedPrompt
 from apps.proxy.capture import CaptureRecord
 from apps.proxy.credentials import Caller, route_authorize
@@ -595,3 +595,35 @@ def route_upsert(
             "aliases": aliases,
         },
     )
+
+
+def interactive_credential_issue(*, org: Any, user: Any, model: str, ttl: Any) -> dict[str, Any]:
+    """Issue an interactive session's model credential: one route, this organization, `ttl`.
+
+    `model` is a route name or alias. Checkpoints arrive with training: until then naming
+    one is a clear 400.
+    """
+    import uuid
+
+    from django.conf import settings
+
+    from apps.accounts.services import model_credential_issue
+    from apps.core.errors import NotFound, ValidationFailed
+
+    if model.startswith("ckpt_"):
+        raise ValidationFailed("checkpoints as models arrive with training; name a model route", field="model")
+    route = selectors.route_resolve(name=model)
+    if route is None or not route.inference_enabled:
+        raise NotFound(f"no model route {model!r}", field="model")
+    session = f"session-{uuid.uuid4().hex[:16]}"
+    cred, secret = model_credential_issue(
+        org=org, run_id="interactive", trial_id=session, route=route.name, snapshot="", ttl=ttl
+    )
+    return {
+        "credential": secret,
+        "route": route.name,
+        "family": route.family,
+        "base_url": getattr(settings, "SYNTH_PROXY_PUBLIC_URL", None) or settings.SYNTH_PUBLIC_URL,
+        "session": session,
+        "expires_at": cred.expires_at,
+    }

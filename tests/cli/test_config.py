@@ -104,10 +104,10 @@ def test_help_reads_for_every_command(offline):
 
 
 @pytest.mark.django_db(transaction=False)
-def test_commands_of_later_issues_exit_1_with_one_line(offline, tmp_path):
+def test_claude_without_a_server_is_one_line(offline, tmp_path):
     result = offline("claude", "--model", "qwen3-8b", "-p", "hello")
     assert result.exit_code == 1
-    assert "model proxy" in one_line(result.stderr)
+    assert "no server URL configured" in one_line(result.stderr)
 
 
 @pytest.mark.django_db(transaction=False)

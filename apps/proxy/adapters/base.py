@@ -6,6 +6,7 @@ into Anthropic content blocks. One module per family (qwen.py, deepseek.py, kimi
 glm.py) implements it. Adapters are pure: no Django, no I/O beyond the tokenizer files
 they are given, so they can run in a worker pool off the event loop.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

@@ -67,6 +67,7 @@ reasoning (a leading "<think>" is accepted too). Tool calls are read in R1's syn
 V3.1's ("name<｜tool▁sep｜>arguments") for robustness. A reasoning that max_tokens cut before
 "</think>" cannot be told from an answer without the prompt, so it is returned as text.
 """
+
 from __future__ import annotations
 
 import json
@@ -105,7 +106,8 @@ TOOLS_HEADER = "## Tools\nYou have access to the following tools:\n\n"
 TOOLS_FOOTER = (
     "IMPORTANT: ALWAYS adhere to this exact format for tool use:\n"
     f"{CALLS_BEGIN}{CALL_BEGIN}function{TOOL_SEP}tool_call_name\n```json\ntool_call_arguments\n```{CALL_END}"
-    "{additional_tool_calls}" f"{CALLS_END}\n\n"
+    "{additional_tool_calls}"
+    f"{CALLS_END}\n\n"
     "Where:\n"
     "- `tool_call_name` must be an exact match to one of the available tools\n"
     "- `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters Schema\n"
@@ -119,8 +121,10 @@ def tools_section(tools: list[dict[str, Any]]) -> str:
     parts = [TOOLS_HEADER]
     for tool in tools:
         fn = tool["function"]
-        parts.append(f"### {fn['name']}\nDescription: {fn.get('description') or ''}\n\n"
-                     f"Parameters: {json.dumps(fn.get('parameters', {}))}\n\n")
+        parts.append(
+            f"### {fn['name']}\nDescription: {fn.get('description') or ''}\n\n"
+            f"Parameters: {json.dumps(fn.get('parameters', {}))}\n\n"
+        )
     parts.append(TOOLS_FOOTER)
     return "".join(parts)
 
@@ -132,8 +136,11 @@ def arguments_text(arguments: Any) -> str:
 def tool_calls_text(calls: list[dict[str, Any]]) -> str:
     if not calls:
         return ""
-    rendered = [f"{CALL_BEGIN}{c.get('type') or 'function'}{TOOL_SEP}{c['function']['name']}\n```json\n"
-                f"{arguments_text(c['function']['arguments'])}\n```{CALL_END}" for c in calls]
+    rendered = [
+        f"{CALL_BEGIN}{c.get('type') or 'function'}{TOOL_SEP}{c['function']['name']}\n```json\n"
+        f"{arguments_text(c['function']['arguments'])}\n```{CALL_END}"
+        for c in calls
+    ]
     return CALLS_BEGIN + "\n".join(rendered) + CALLS_END
 
 
@@ -208,7 +215,7 @@ class DeepSeekAdapter(TemplateAdapter):
             reasoning = before.split(THINK_OPEN)[-1].strip("\n")
             rest = rest.lstrip("\n")
         elif text.startswith(THINK_OPEN):
-            reasoning, rest = text[len(THINK_OPEN):].lstrip("\n"), ""
+            reasoning, rest = text[len(THINK_OPEN) :].lstrip("\n"), ""
         if reasoning:
             blocks.append(thinking_block(reasoning))
         digest = self._digest(id_seed, body_ids)
@@ -219,8 +226,9 @@ class DeepSeekAdapter(TemplateAdapter):
             self._remember(self._body(message, after_outputs=True) + EOS, body_ids + [stop_id])
         return ParsedOutput(blocks=blocks, stop_reason=self._stop_reason(stopped, calls), parse_errors=errors)
 
-    def _parse_calls(self, text: str, *, stopped: bool, digest: str, blocks: list[dict[str, Any]],
-                     errors: list[str]) -> int:
+    def _parse_calls(
+        self, text: str, *, stopped: bool, digest: str, blocks: list[dict[str, Any]], errors: list[str]
+    ) -> int:
         """Append text / tool_use blocks for `text`; return the number of tool calls parsed."""
         start = text.find(CALLS_BEGIN)
         if start == -1:
@@ -230,8 +238,8 @@ class DeepSeekAdapter(TemplateAdapter):
         if text[:start]:
             blocks.append(text_block(text[:start]))
         end = text.find(CALLS_END, start)
-        section = text[start + len(CALLS_BEGIN): len(text) if end == -1 else end]
-        after = "" if end == -1 else text[end + len(CALLS_END):]
+        section = text[start + len(CALLS_BEGIN) : len(text) if end == -1 else end]
+        after = "" if end == -1 else text[end + len(CALLS_END) :]
         calls = 0
         pos = 0
         index = 0
@@ -247,17 +255,18 @@ class DeepSeekAdapter(TemplateAdapter):
                 errors.append(f"unexpected text in the tool-call section: {section[pos:begin][:80]!r}")
                 blocks.append(text_block(section[pos:begin]))
             close = section.find(CALL_END, begin)
-            raw = section[begin: len(section) if close == -1 else close + len(CALL_END)]
+            raw = section[begin : len(section) if close == -1 else close + len(CALL_END)]
             if close == -1 and not stopped:
                 call, error = None, "tool call not closed (output truncated)"
             else:
-                call, error = self._parse_one(section[begin + len(CALL_BEGIN): len(section) if close == -1 else close])
+                call, error = self._parse_one(section[begin + len(CALL_BEGIN) : len(section) if close == -1 else close])
             if call is None:
                 errors.append(f"tool call {index}: {error}")
                 blocks.append(text_block(raw))
             else:
-                blocks.append({"type": "tool_use", "id": self._tool_use_id(digest, index), "name": call[0],
-                               "input": call[1]})
+                blocks.append(
+                    {"type": "tool_use", "id": self._tool_use_id(digest, index), "name": call[0], "input": call[1]}
+                )
                 calls += 1
             index += 1
             if close == -1:

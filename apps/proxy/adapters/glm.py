@@ -43,6 +43,7 @@ Decisions (tested):
 - A final assistant message (prefill) is rendered as the template renders it (the template
   writes nothing after an assistant turn).
 """
+
 from __future__ import annotations
 
 import json
@@ -98,8 +99,10 @@ def tool_calls_text(calls: list[dict[str, Any]]) -> str:
             arguments = json.loads(arguments)  # the template requires a mapping
         out.append("\n" + TOOL_CALL_OPEN + fn["name"] + "\n")
         for key, value in arguments.items():
-            out.append(f"<arg_key>{key}</arg_key>\n<arg_value>{value if isinstance(value, str) else tojson(value)}"
-                       "</arg_value>\n")
+            out.append(
+                f"<arg_key>{key}</arg_key>\n<arg_value>{value if isinstance(value, str) else tojson(value)}"
+                "</arg_value>\n"
+            )
         out.append(TOOL_CALL_CLOSE)
     return "".join(out)
 
@@ -190,8 +193,9 @@ class GlmAdapter(TemplateAdapter):
 
     # --- parsing -----------------------------------------------------------------------------
 
-    def parse(self, *, token_ids: list[int], stopped: bool, id_seed: str = "",
-              tools: list[dict[str, Any]] | None = None) -> ParsedOutput:
+    def parse(
+        self, *, token_ids: list[int], stopped: bool, id_seed: str = "", tools: list[dict[str, Any]] | None = None
+    ) -> ParsedOutput:
         """`tools`: the request's tools (Anthropic or OpenAI shape), to type arguments by schema."""
         body_ids, stop_id = self._split_stop(token_ids, stopped)
         text = self.decode(body_ids)
@@ -208,8 +212,9 @@ class GlmAdapter(TemplateAdapter):
             thought = True
         if thought and reasoning:
             blocks.append(thinking_block(reasoning))
-        calls = self._parse_calls(rest, stopped=stopped, digest=self._digest(id_seed, body_ids), tools=tools,
-                                  blocks=blocks, errors=errors)
+        calls = self._parse_calls(
+            rest, stopped=stopped, digest=self._digest(id_seed, body_ids), tools=tools, blocks=blocks, errors=errors
+        )
         if stop_id == self.observation_id and not errors:
             # Tool results follow, so the next request renders this turn with its reasoning.
             # Without a think block the prompt ended with "\n<think></think>" (thinking off).
@@ -218,8 +223,16 @@ class GlmAdapter(TemplateAdapter):
             self._remember(self._body(message, keep_reasoning=True), sampled)
         return ParsedOutput(blocks=blocks, stop_reason=self._stop_reason(stopped, calls), parse_errors=errors)
 
-    def _parse_calls(self, text: str, *, stopped: bool, digest: str, tools: list[dict[str, Any]] | None,
-                     blocks: list[dict[str, Any]], errors: list[str]) -> int:
+    def _parse_calls(
+        self,
+        text: str,
+        *,
+        stopped: bool,
+        digest: str,
+        tools: list[dict[str, Any]] | None,
+        blocks: list[dict[str, Any]],
+        errors: list[str],
+    ) -> int:
         start = text.find(TOOL_CALL_OPEN)
         if start == -1:
             if text.strip():
@@ -237,14 +250,16 @@ class GlmAdapter(TemplateAdapter):
             if close == -1 and not stopped:
                 call, error = None, "tool call not closed (output truncated)"
             else:
-                call, error = self._parse_one(text[pos + len(TOOL_CALL_OPEN): len(text) if close == -1 else close],
-                                              tools)
+                call, error = self._parse_one(
+                    text[pos + len(TOOL_CALL_OPEN) : len(text) if close == -1 else close], tools
+                )
             if call is None:
                 errors.append(f"tool call {index}: {error}")
                 blocks.append(text_block(raw))
             else:
-                blocks.append({"type": "tool_use", "id": self._tool_use_id(digest, index), "name": call[0],
-                               "input": call[1]})
+                blocks.append(
+                    {"type": "tool_use", "id": self._tool_use_id(digest, index), "name": call[0], "input": call[1]}
+                )
                 calls += 1
             index += 1
             pos = text.find(TOOL_CALL_OPEN, raw_end)
@@ -254,8 +269,9 @@ class GlmAdapter(TemplateAdapter):
         return calls
 
     @staticmethod
-    def _parse_one(body: str, tools: list[dict[str, Any]] | None) -> tuple[tuple[str, dict[str, Any]] | None,
-                                                                            str | None]:
+    def _parse_one(
+        body: str, tools: list[dict[str, Any]] | None
+    ) -> tuple[tuple[str, dict[str, Any]] | None, str | None]:
         first_arg = body.find("<arg_key>")
         name = (body if first_arg == -1 else body[:first_arg]).strip()
         if not name or any(c.isspace() for c in name) or "<" in name or "{" in name:
@@ -265,6 +281,8 @@ class GlmAdapter(TemplateAdapter):
         if leftover.strip():
             return None, f"unexpected text among the arguments: {leftover.strip()[:80]!r}"
         types = _schema_types(tools, name)
-        arguments = {key.strip(): argument_value(value, types.get(key.strip()) if types else None)
-                     for key, value in _ARG.findall(args_text)}
+        arguments = {
+            key.strip(): argument_value(value, types.get(key.strip()) if types else None)
+            for key, value in _ARG.findall(args_text)
+        }
         return (name, arguments), None

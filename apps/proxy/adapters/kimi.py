@@ -43,6 +43,7 @@ Other decisions (tested):
 Parsing returns reasoning and text verbatim (the template re-renders them verbatim), so a
 tool-calling turn re-renders to exactly the sampled ids.
 """
+
 from __future__ import annotations
 
 import json
@@ -98,9 +99,14 @@ def arguments_text(arguments: Any) -> str:
 def tool_calls_text(calls: list[dict[str, Any]]) -> str:
     if not calls:
         return ""
-    return SECTION_BEGIN + "".join(
-        f"{CALL_BEGIN}{c.get('id') or ''}{ARGUMENT_BEGIN}{arguments_text(c['function']['arguments'])}{CALL_END}"
-        for c in calls) + SECTION_END
+    return (
+        SECTION_BEGIN
+        + "".join(
+            f"{CALL_BEGIN}{c.get('id') or ''}{ARGUMENT_BEGIN}{arguments_text(c['function']['arguments'])}{CALL_END}"
+            for c in calls
+        )
+        + SECTION_END
+    )
 
 
 def call_name(call_id: str) -> str | None:
@@ -109,7 +115,7 @@ def call_name(call_id: str) -> str | None:
     if match is None:
         return None
     head = match.group("head")
-    name = head[len("functions."):] if head.startswith("functions.") else head.split(".")[-1]
+    name = head[len("functions.") :] if head.startswith("functions.") else head.split(".")[-1]
     return name or None
 
 
@@ -129,8 +135,13 @@ class KimiK2Adapter(TemplateAdapter):
     def _body(message: dict[str, Any], *, keep_reasoning: bool) -> str:
         """An assistant turn after its header, up to (not including) <|im_end|>."""
         reasoning = (message.get("reasoning_content") or "") if keep_reasoning else ""
-        return (THINK_OPEN + reasoning + THINK_CLOSE + (message.get("content") or "")
-                + tool_calls_text(message.get("tool_calls") or []))
+        return (
+            THINK_OPEN
+            + reasoning
+            + THINK_CLOSE
+            + (message.get("content") or "")
+            + tool_calls_text(message.get("tool_calls") or [])
+        )
 
     def _chunks(self, request: dict[str, Any]) -> list[Chunk]:
         messages, tools = to_chat_messages(request)
@@ -158,8 +169,14 @@ class KimiK2Adapter(TemplateAdapter):
             elif role == "user":
                 chunks.append(IM_USER + "user" + IM_MIDDLE + m["content"] + IM_END)
             elif role == "tool":
-                chunks.append(IM_SYSTEM + "tool" + IM_MIDDLE + f"## Return of {m.get('tool_call_id') or ''}\n"
-                              + m["content"] + IM_END)
+                chunks.append(
+                    IM_SYSTEM
+                    + "tool"
+                    + IM_MIDDLE
+                    + f"## Return of {m.get('tool_call_id') or ''}\n"
+                    + m["content"]
+                    + IM_END
+                )
             else:
                 chunks.append(IM_SYSTEM + role + IM_MIDDLE + m["content"] + IM_END)
         if not prefill:
@@ -179,13 +196,14 @@ class KimiK2Adapter(TemplateAdapter):
         if text.startswith(THINK_OPEN):
             close = text.find(THINK_CLOSE)
             if close == -1:  # still reasoning when sampling stopped
-                reasoning, rest = text[len(THINK_OPEN):], ""
+                reasoning, rest = text[len(THINK_OPEN) :], ""
             else:
-                reasoning, rest = text[len(THINK_OPEN):close], text[close + len(THINK_CLOSE):]
+                reasoning, rest = text[len(THINK_OPEN) : close], text[close + len(THINK_CLOSE) :]
             if reasoning:
                 blocks.append(thinking_block(reasoning))
-        calls = self._parse_calls(rest, stopped=stopped, digest=self._digest(id_seed, body_ids), blocks=blocks,
-                                  errors=errors)
+        calls = self._parse_calls(
+            rest, stopped=stopped, digest=self._digest(id_seed, body_ids), blocks=blocks, errors=errors
+        )
         if stop_id == self.im_end_id and not errors:
             # As the next request will render this turn (it made tool calls, so it is in the
             # part of the conversation whose reasoning the template keeps).
@@ -193,8 +211,9 @@ class KimiK2Adapter(TemplateAdapter):
             self._remember(self._body(message, keep_reasoning=True) + IM_END, body_ids + [stop_id])
         return ParsedOutput(blocks=blocks, stop_reason=self._stop_reason(stopped, calls), parse_errors=errors)
 
-    def _parse_calls(self, text: str, *, stopped: bool, digest: str, blocks: list[dict[str, Any]],
-                     errors: list[str]) -> int:
+    def _parse_calls(
+        self, text: str, *, stopped: bool, digest: str, blocks: list[dict[str, Any]], errors: list[str]
+    ) -> int:
         start = text.find(SECTION_BEGIN)
         if start == -1:
             if text.strip():
@@ -203,8 +222,8 @@ class KimiK2Adapter(TemplateAdapter):
         if text[:start].strip():
             blocks.append(text_block(text[:start]))
         end = text.find(SECTION_END, start)
-        section = text[start + len(SECTION_BEGIN): len(text) if end == -1 else end]
-        after = "" if end == -1 else text[end + len(SECTION_END):]
+        section = text[start + len(SECTION_BEGIN) : len(text) if end == -1 else end]
+        after = "" if end == -1 else text[end + len(SECTION_END) :]
         calls = 0
         pos = 0
         index = 0
@@ -219,18 +238,24 @@ class KimiK2Adapter(TemplateAdapter):
                 errors.append(f"unexpected text in the tool-call section: {section[pos:begin][:80]!r}")
                 blocks.append(text_block(section[pos:begin]))
             close = section.find(CALL_END, begin)
-            raw = section[begin: len(section) if close == -1 else close + len(CALL_END)]
+            raw = section[begin : len(section) if close == -1 else close + len(CALL_END)]
             if close == -1 and not stopped:
                 call, error = None, "tool call not closed (output truncated)"
             else:
-                call, error = self._parse_one(section[begin + len(CALL_BEGIN): len(section) if close == -1 else close])
+                call, error = self._parse_one(section[begin + len(CALL_BEGIN) : len(section) if close == -1 else close])
             if call is None:
                 errors.append(f"tool call {index}: {error}")
                 blocks.append(text_block(raw))
             else:
                 call_id, name, arguments = call
-                blocks.append({"type": "tool_use", "id": call_id or self._tool_use_id(digest, index), "name": name,
-                               "input": arguments})
+                blocks.append(
+                    {
+                        "type": "tool_use",
+                        "id": call_id or self._tool_use_id(digest, index),
+                        "name": name,
+                        "input": arguments,
+                    }
+                )
                 calls += 1
             index += 1
             if close == -1:

@@ -39,6 +39,7 @@ Note the template itself is not append-only: Qwen3 drops reasoning from assistan
 before the last user query, and the empty think block of a thinking-disabled generation
 prompt does not reappear in history; both follow the official template.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -66,7 +67,7 @@ TOOLS_PREAMBLE = (
 )
 TOOLS_POSTAMBLE = (
     "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
     "<args-json-object>}\n</tool_call><|im_end|>\n"
 )
 
@@ -182,8 +183,13 @@ def to_chat_messages(request: dict[str, Any]) -> tuple[list[dict[str, Any]], lis
                     sep = "\n" if current["reasoning_content"] else ""
                     current["reasoning_content"] += sep + str(block.get("thinking", ""))
                 elif kind == "tool_use":
-                    current["tool_calls"].append({"type": "function", "id": block.get("id"), "function": {
-                        "name": block.get("name", ""), "arguments": block.get("input", {})}})
+                    current["tool_calls"].append(
+                        {
+                            "type": "function",
+                            "id": block.get("id"),
+                            "function": {"name": block.get("name", ""), "arguments": block.get("input", {})},
+                        }
+                    )
                 # redacted_thinking and other assistant blocks render nothing.
         elif role == "system":
             flush_user()
@@ -192,8 +198,9 @@ def to_chat_messages(request: dict[str, Any]) -> tuple[list[dict[str, Any]], lis
             for block in blocks:
                 if isinstance(block, dict) and block.get("type") == "tool_result":
                     flush_user()
-                    messages.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
-                                     "content": _tool_result_text(block)})
+                    messages.append(
+                        {"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": _tool_result_text(block)}
+                    )
                 elif (text := _block_text(block)) is not None:
                     user_parts.append(text)
     flush_user()
@@ -295,8 +302,9 @@ class _ChunkCache:
 class _QwenBase(ChatAdapter):
     supports_thinking = True
 
-    def __init__(self, *, tokenizer: Any, memo: SampledTurnMemo | None = None,
-                 thinking_when_unspecified: bool = True) -> None:
+    def __init__(
+        self, *, tokenizer: Any, memo: SampledTurnMemo | None = None, thinking_when_unspecified: bool = True
+    ) -> None:
         super().__init__(tokenizer=tokenizer)
         self.memo = memo if memo is not None else SampledTurnMemo()
         self.thinking_when_unspecified = thinking_when_unspecified
@@ -316,8 +324,14 @@ class _QwenBase(ChatAdapter):
         return [self.im_end_id, self.endoftext_id]
 
     # Subclasses: the template, message by message, as a list of chunks.
-    def _render_chunks(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
-                       add_generation_prompt: bool, enable_thinking: bool) -> list[str | _Splice]:
+    def _render_chunks(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool,
+        enable_thinking: bool,
+    ) -> list[str | _Splice]:
         raise NotImplementedError
 
     def _assistant_turn(self, message: dict[str, Any], *, keep_reasoning: bool, is_last: bool) -> str:
@@ -327,10 +341,16 @@ class _QwenBase(ChatAdapter):
     def render(self, *, request: dict[str, Any]) -> RenderedPrompt:
         messages, tools = to_chat_messages(request)
         prefill = bool(messages) and messages[-1]["role"] == "assistant"
-        chunks = self._render_chunks(messages, tools, add_generation_prompt=not prefill,
-                                     enable_thinking=thinking_enabled(request, self.thinking_when_unspecified))
-        return RenderedPrompt(text="".join(c.text if isinstance(c, _Splice) else c for c in chunks),
-                              token_ids=self._tokenize_chunks(chunks))
+        chunks = self._render_chunks(
+            messages,
+            tools,
+            add_generation_prompt=not prefill,
+            enable_thinking=thinking_enabled(request, self.thinking_when_unspecified),
+        )
+        return RenderedPrompt(
+            text="".join(c.text if isinstance(c, _Splice) else c for c in chunks),
+            token_ids=self._tokenize_chunks(chunks),
+        )
 
     def _tokenize_chunks(self, chunks: list[str | _Splice]) -> list[int]:
         found: dict[str, Any] = {}
@@ -345,8 +365,11 @@ class _QwenBase(ChatAdapter):
                     found[chunk] = ids
         if missing:
             # One call into the Rust tokenizer for everything new (it parallelizes the batch).
-            encoded = (self.tokenizer.encode_batch(missing, add_special_tokens=False) if len(missing) > 1
-                       else [self.tokenizer.encode(missing[0], add_special_tokens=False)])
+            encoded = (
+                self.tokenizer.encode_batch(missing, add_special_tokens=False)
+                if len(missing) > 1
+                else [self.tokenizer.encode(missing[0], add_special_tokens=False)]
+            )
             for chunk, enc in zip(missing, encoded, strict=True):
                 found[chunk] = enc.ids
                 self._chunks.put(chunk, enc.ids)
@@ -360,8 +383,9 @@ class _QwenBase(ChatAdapter):
                 out += found[chunk]
         return out
 
-    def _assistant_chunk(self, message: dict[str, Any], *, keep_reasoning: bool, is_last: bool,
-                         prefill: bool) -> str | _Splice:
+    def _assistant_chunk(
+        self, message: dict[str, Any], *, keep_reasoning: bool, is_last: bool, prefill: bool
+    ) -> str | _Splice:
         turn = self._assistant_turn(message, keep_reasoning=keep_reasoning, is_last=is_last)
         if prefill:
             # Continue the final message: drop the template's closing "<|im_end|>\n".
@@ -408,8 +432,9 @@ class _QwenBase(ChatAdapter):
             return text.lstrip().removeprefix(THINK_OPEN).lstrip("\n"), ""
         return None, text
 
-    def _parse_tool_calls(self, text: str, *, stopped: bool, digest: str, blocks: list[dict[str, Any]],
-                          errors: list[str]) -> int:
+    def _parse_tool_calls(
+        self, text: str, *, stopped: bool, digest: str, blocks: list[dict[str, Any]], errors: list[str]
+    ) -> int:
         """Append text / tool_use blocks for `text`; returns the number of tool calls parsed."""
         first = text.find(TOOL_CALL_OPEN)
         if first == -1:
@@ -492,8 +517,8 @@ class _QwenBase(ChatAdapter):
             return chunk.body_ids + [self.im_end_id]
         ids = self.encode(chunk)
         header = self._header_ids
-        if ids[:len(header)] == header and ids[-len(self._im_end_nl_ids):] == self._im_end_nl_ids:
-            return ids[len(header):-1]
+        if ids[: len(header)] == header and ids[-len(self._im_end_nl_ids) :] == self._im_end_nl_ids:
+            return ids[len(header) : -1]
         return ids  # the turn does not tokenize apart from its header: no exact round trip
 
 
@@ -522,8 +547,16 @@ class Qwen3Adapter(_QwenBase):
                 reasoning = content.split(THINK_CLOSE)[0].rstrip("\n").split(THINK_OPEN)[-1].lstrip("\n")
                 content = content.split(THINK_CLOSE)[-1].lstrip("\n")
         if keep_reasoning and (is_last or reasoning):
-            out = [ASSISTANT_HEADER, THINK_OPEN, "\n", reasoning.strip("\n"), "\n", THINK_CLOSE, "\n\n",
-                   content.lstrip("\n")]
+            out = [
+                ASSISTANT_HEADER,
+                THINK_OPEN,
+                "\n",
+                reasoning.strip("\n"),
+                "\n",
+                THINK_CLOSE,
+                "\n\n",
+                content.lstrip("\n"),
+            ]
         else:
             out = [ASSISTANT_HEADER, content]
         for i, call in enumerate(message.get("tool_calls") or []):
@@ -533,8 +566,14 @@ class Qwen3Adapter(_QwenBase):
         out.append(IM_END + "\n")
         return "".join(out)
 
-    def _render_chunks(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
-                       add_generation_prompt: bool, enable_thinking: bool) -> list[str | _Splice]:
+    def _render_chunks(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool,
+        enable_thinking: bool,
+    ) -> list[str | _Splice]:
         chunks: list[str | _Splice] = []
         first_is_system = bool(messages) and messages[0]["role"] == "system"
         if tools:
@@ -564,14 +603,25 @@ class Qwen3Adapter(_QwenBase):
                 chunks.append(IM_START + role + "\n" + m["content"] + IM_END + "\n")
             elif role == "assistant":
                 is_last = index == n - 1
-                chunks.append(self._assistant_chunk(m, keep_reasoning=index > last_query_index, is_last=is_last,
-                                                    prefill=is_last and not add_generation_prompt))
+                chunks.append(
+                    self._assistant_chunk(
+                        m,
+                        keep_reasoning=index > last_query_index,
+                        is_last=is_last,
+                        prefill=is_last and not add_generation_prompt,
+                    )
+                )
             elif role == "tool":
                 # Consecutive tool messages share one user turn.
                 opens = index == 0 or messages[index - 1]["role"] != "tool"
                 closes = index == n - 1 or messages[index + 1]["role"] != "tool"
-                piece = ("<|im_start|>user" if opens else "") + "\n<tool_response>\n" + m["content"] + \
-                    "\n</tool_response>" + (IM_END + "\n" if closes else "")
+                piece = (
+                    ("<|im_start|>user" if opens else "")
+                    + "\n<tool_response>\n"
+                    + m["content"]
+                    + "\n</tool_response>"
+                    + (IM_END + "\n" if closes else "")
+                )
                 if opens:
                     chunks.append(piece)
                 else:
@@ -600,8 +650,14 @@ class Qwen25Adapter(_QwenBase):
         out.append(IM_END + "\n")
         return "".join(out)
 
-    def _render_chunks(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
-                       add_generation_prompt: bool, enable_thinking: bool) -> list[str | _Splice]:
+    def _render_chunks(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool,
+        enable_thinking: bool,
+    ) -> list[str | _Splice]:
         chunks: list[str | _Splice] = []
         first_is_system = bool(messages) and messages[0]["role"] == "system"
         system = messages[0]["content"] if first_is_system else QWEN25_DEFAULT_SYSTEM
@@ -620,13 +676,21 @@ class Qwen25Adapter(_QwenBase):
                 chunks.append(IM_START + role + "\n" + m["content"] + IM_END + "\n")
             elif role == "assistant":
                 is_last = index == n - 1
-                chunks.append(self._assistant_chunk(m, keep_reasoning=False, is_last=is_last,
-                                                    prefill=is_last and not add_generation_prompt))
+                chunks.append(
+                    self._assistant_chunk(
+                        m, keep_reasoning=False, is_last=is_last, prefill=is_last and not add_generation_prompt
+                    )
+                )
             elif role == "tool":
                 opens = index == 0 or messages[index - 1]["role"] != "tool"
                 closes = index == n - 1 or messages[index + 1]["role"] != "tool"
-                piece = ("<|im_start|>user" if opens else "") + "\n<tool_response>\n" + m["content"] + \
-                    "\n</tool_response>" + (IM_END + "\n" if closes else "")
+                piece = (
+                    ("<|im_start|>user" if opens else "")
+                    + "\n<tool_response>\n"
+                    + m["content"]
+                    + "\n</tool_response>"
+                    + (IM_END + "\n" if closes else "")
+                )
                 if opens:
                     chunks.append(piece)
                 else:
@@ -634,4 +698,3 @@ class Qwen25Adapter(_QwenBase):
         if add_generation_prompt:
             chunks.append(ASSISTANT_HEADER)
         return chunks
-

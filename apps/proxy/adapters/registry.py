@@ -3,6 +3,7 @@
 Adapter engineers add their classes to ADAPTERS. Aliases (deepseek-r1, glm-4.6) resolve to the
 tokenizer family in apps.proxy.tokenizers but may map to their own adapter class here.
 """
+
 from __future__ import annotations
 
 import threading

@@ -20,6 +20,7 @@ The Anthropic -> template-message mapping is the Qwen adapter's `to_chat_message
 families agree on how system blocks, user text blocks, images, tool results (is_error) and
 thinking blocks are turned into template input.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -115,8 +116,9 @@ class TemplateAdapter(ChatAdapter):
 
     def render(self, *, request: dict[str, Any]) -> RenderedPrompt:
         chunks = self._chunks(request)
-        return RenderedPrompt(text="".join(c.text if isinstance(c, Splice) else c for c in chunks),
-                              token_ids=self._tokenize(chunks))
+        return RenderedPrompt(
+            text="".join(c.text if isinstance(c, Splice) else c for c in chunks), token_ids=self._tokenize(chunks)
+        )
 
     def _tokenize(self, chunks: list[Chunk]) -> list[int]:
         known: dict[str, Sequence[int]] = {}

@@ -10,6 +10,7 @@ trim_blocks/lstrip_blocks, the loopcontrols extension, and a `tojson` filter tha
 escape HTML and keeps key order (`json.dumps(ensure_ascii=False)`), unlike Jinja's built-in.
 Jinja is imported lazily: it is only needed by tests and by provisioning checks.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -80,8 +81,13 @@ def load_template(name: str) -> str:
     return data.decode("utf-8")
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     # transformers' override: no HTML escaping, insertion order kept (Jinja's own sorts keys).
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -102,8 +108,15 @@ def _compiled(template: str) -> Any:
     return env.from_string(template)
 
 
-def render_template(template: str, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
-                    add_generation_prompt: bool = True, **kwargs: Any) -> str:
+def render_template(
+    template: str,
+    messages: list[dict[str, Any]],
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+    **kwargs: Any,
+) -> str:
     """Render `template` the way transformers' apply_chat_template(tokenize=False) does."""
-    return _compiled(template).render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                      **kwargs)
+    return _compiled(template).render(
+        messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs
+    )

@@ -5,6 +5,7 @@ Backends: local torch (a tiny model with a family's real vocabulary, or a checkp
 directory, plus LoRA adapters), Tinker's SamplingClient, and OpenAI-compatible token
 endpoints (vLLM / SGLang completions with prompt token ids and logprobs).
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

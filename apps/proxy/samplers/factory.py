@@ -15,6 +15,7 @@ blocks: from async code use ``await sampler_build_async(...)``.
 Errors the proxy maps to HTTP statuses live here too (the backends import them):
 ``SamplerUnavailable`` -> 529 overloaded / 503, any other ``SamplerError`` -> 502.
 """
+
 from __future__ import annotations
 
 import asyncio

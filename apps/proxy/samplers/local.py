@@ -25,6 +25,7 @@ Generation holds a lock and runs on one dedicated worker thread per sampler, so 
 requests queue instead of interleaving on the model (which would thrash the caches and the
 two CPU cores) and never block the event loop.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -26,6 +26,7 @@ without top-k/top-p.
 Errors: connection refused, timeouts and 408/429/502/503/504/529 raise SamplerUnavailable
 (the proxy answers 529/503); other failures raise SamplerError.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -75,7 +76,7 @@ def _token_id(token: Any) -> int:
     if isinstance(token, int):
         return token
     if isinstance(token, str) and token.startswith(_TOKEN_ID_PREFIX):
-        return int(token[len(_TOKEN_ID_PREFIX):])
+        return int(token[len(_TOKEN_ID_PREFIX) :])
     raise SamplerError(
         f"completion logprobs token {token!r} is not a token id: the server ignored "
         "return_tokens_as_token_ids (vLLM supports it; others may need extra_body)"

@@ -9,6 +9,7 @@
 Both honour the request like a real sampler would: the output is cut at the first stop token
 (which is kept, finish "stop") and at ``max_tokens`` (finish "length").
 """
+
 from __future__ import annotations
 
 import threading
@@ -38,8 +39,9 @@ class ScriptExhausted(SamplerError):
 
 
 class ScriptedSampler(Sampler):
-    def __init__(self, *, sequences: Sequence[Sequence[int]] | None = None, choose: Chooser | None = None,
-                 cycle: bool = False) -> None:
+    def __init__(
+        self, *, sequences: Sequence[Sequence[int]] | None = None, choose: Chooser | None = None, cycle: bool = False
+    ) -> None:
         if (sequences is None) == (choose is None):
             raise ValueError("give exactly one of sequences= or choose=")
         self._sequences = [list(s) for s in sequences] if sequences is not None else None

@@ -19,6 +19,7 @@ it), ``.logprobs`` (the per-token logprobs of the sampled tokens; what distribut
 service reports them under at temperature != 1 is not documented by the SDK) and
 ``.stop_reason`` ("stop" | "length"), plus ``sequence_id`` into the snapshot.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -125,7 +126,9 @@ class TinkerSampler(Sampler):
                 # A daemon thread, not an executor: if the service never answers, the SDK keeps
                 # retrying there and must not keep the process from exiting.
                 threading.Thread(
-                    target=self._create_client, args=(api_key, self._client_future), daemon=True,
+                    target=self._create_client,
+                    args=(api_key, self._client_future),
+                    daemon=True,
                     name="tinker-sampling-client",
                 ).start()
             pending = self._client_future

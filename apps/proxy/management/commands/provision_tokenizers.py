@@ -1,4 +1,5 @@
 """Build the model-native tokenizer directories offline (see apps.proxy.tokenizers)."""
+
 from __future__ import annotations
 
 import time
@@ -18,11 +19,21 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--family", action="append", dest="families", metavar="F",
-                            choices=sorted([*FAMILIES, *FAMILY_ALIASES]),
-                            help="family to build (repeatable; default: all)")
-        parser.add_argument("--dir", dest="root", type=Path, default=None,
-                            help="target directory (default: settings.SYNTH_TOKENIZER_DIR)")
+        parser.add_argument(
+            "--family",
+            action="append",
+            dest="families",
+            metavar="F",
+            choices=sorted([*FAMILIES, *FAMILY_ALIASES]),
+            help="family to build (repeatable; default: all)",
+        )
+        parser.add_argument(
+            "--dir",
+            dest="root",
+            type=Path,
+            default=None,
+            help="target directory (default: settings.SYNTH_TOKENIZER_DIR)",
+        )
         parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
 
     def handle(self, *args: Any, families: list[str] | None, root: Path | None, force: bool, **options: Any) -> None:
@@ -32,5 +43,8 @@ class Command(BaseCommand):
         except ProvisioningError as exc:
             raise CommandError(str(exc)) from exc
         built = sum(1 for r in results.values() if r == "built")
-        self.stdout.write(self.style.SUCCESS(
-            f"{len(results)} tokenizer(s) ready ({built} built) in {time.monotonic() - started:.1f}s"))
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"{len(results)} tokenizer(s) ready ({built} built) in {time.monotonic() - started:.1f}s"
+            )
+        )
