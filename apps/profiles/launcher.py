@@ -30,6 +30,15 @@ autoupdater, ``CLAUDE_CONFIG_DIR`` under /logs/agent). They are given to every
 engine that has a model, not only claude-code, so a ``command`` recipe that runs an
 Anthropic client or wraps ``claude`` itself is routed through the proxy the same way.
 
+Engines. claude-code runs ``claude`` headless (:data:`CLAUDE_CODE_ARGV` + args; its stdout
+is the stream-json transcript). synth-mini runs the built-in minimal agent
+(``apps/runs/mini_agent.py``, uploaded by RecipeAgent to :data:`SYNTH_MINI_PATH`) with
+the sandbox's python3: ``python3 -I /installed-agent/synth_mini.py --transcript
+/logs/agent/synth-mini.jsonl <args> -- <instruction>`` (``--instruction-file <path>``
+instead for ``file:`` delivery, nothing for stdin); it gets the same platform variables
+as claude-code and writes its own transcript. command runs the recipe's argv; oracle
+and nop take no instruction.
+
 Pure Python: no Django models. The recipe is checked with
 ``apps.profiles.schema.recipe_validate`` first (imported lazily; that module needs
 Django settings to be configured because its error type comes from the API layer).
@@ -67,7 +76,16 @@ CLAUDE_CODE_ARGV = (
     "--permission-mode",
     "bypassPermissions",
 )
+# The built-in minimal agent (apps/runs/mini_agent.py, standard library only): RecipeAgent
+# uploads it here during setup and the sandbox's own python3 runs it, isolated (-I: no
+# PYTHONPATH, no user site, so nothing of the task's can shadow the standard library).
+SYNTH_MINI_PATH = "/installed-agent/synth_mini.py"
+SYNTH_MINI_ARGV = ("python3", "-I", SYNTH_MINI_PATH)
+# Flags of synth-mini the platform sets: where the transcript it reads goes, and how the
+# instruction arrives ("--" ends the options, so an instruction may start with "-").
+SYNTH_MINI_RESERVED_ARGS = ("--transcript", "--instruction-file", "--")
 ENGINES = ("claude-code", "command", "oracle", "nop", "synth-mini")
+MODEL_ENGINES = ("claude-code", "synth-mini")  # driven by a model: a binding and a credential are required
 
 BINDING_KEYS: dict[str, tuple[str, ...]] = {
     "task": ("name", "workdir", "instruction", "agent_timeout_sec", "id", "digest"),
@@ -444,11 +462,9 @@ def launch_plan_build(*, recipe: dict[str, Any], bindings: Bindings) -> LaunchPl
     _recipe_validate(recipe)
     _bindings_check(bindings)
     engine = recipe["engine"]["name"]
-    if engine == "synth-mini":
-        raise LaunchError("engine synth-mini needs the model proxy (not yet available)", field="engine.name")
     if engine not in ENGINES:
         raise LaunchError(f"unknown engine {engine!r}", field="engine.name")
-    model_driven = engine == "claude-code"
+    model_driven = engine in MODEL_ENGINES
     if model_driven and bindings.model is None:
         raise LaunchError(f"engine {engine!r} needs a model binding", field="bindings.model")
     if model_driven and not bindings.credential:
@@ -504,8 +520,23 @@ def launch_plan_build(*, recipe: dict[str, Any], bindings: Bindings) -> LaunchPl
     else:
         via = via_spec
 
+    transcript_path: str | None = None
     if engine == "claude-code":
         argv = [*CLAUDE_CODE_ARGV, *args]
+        transcript_path = f"{AGENT_LOGS_DIR}/claude-code.jsonl"  # its stdout
+    elif engine == "synth-mini":
+        for i, arg in enumerate(args):
+            if any(arg == flag or arg.startswith(flag + "=") for flag in SYNTH_MINI_RESERVED_ARGS):
+                raise LaunchError(
+                    f"args[{i}] ({arg!r}) is set by the platform for engine synth-mini", field=f"args[{i}]"
+                )
+        # It writes its JSONL transcript itself (its stdout is a short summary).
+        transcript_path = f"{AGENT_LOGS_DIR}/synth-mini.jsonl"
+        argv = [*SYNTH_MINI_ARGV, "--transcript", transcript_path, *args]
+        if via == "file":
+            argv += ["--instruction-file", instruction_path]
+        elif via == "argument":
+            argv.append("--")
     elif engine == "command":
         command = [
             _substitute(value=c, field=f"command[{i}]", values=values, in_env=False)
@@ -566,7 +597,7 @@ def launch_plan_build(*, recipe: dict[str, Any], bindings: Bindings) -> LaunchPl
         # Not in the recipe schema yet; until it is, a non-zero exit is recorded, not raised.
         fail_on_nonzero_exit=bool(limits.get("fail_on_nonzero_exit", False)),
         log_path=f"{AGENT_LOGS_DIR}/{log_name}.txt",
-        transcript_path=f"{AGENT_LOGS_DIR}/claude-code.jsonl" if engine == "claude-code" else None,
+        transcript_path=transcript_path,
         model=(
             {"name": model.name, "base_url": model.base_url, "route": model.route, "checkpoint": model.checkpoint}
             if model is not None

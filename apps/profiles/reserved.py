@@ -111,7 +111,12 @@ _HARNESS_FLAGS: tuple[tuple[str, str], ...] = (
 # recipe owns the whole argv. synth-mini takes the same driving flags as Claude Code.
 RESERVED_ARGS: dict[str, tuple[tuple[str, str], ...]] = {
     "claude-code": _HARNESS_FLAGS,
-    "synth-mini": _HARNESS_FLAGS,
+    "synth-mini": _HARNESS_FLAGS
+    + (
+        ("--transcript", "the platform keeps synth-mini's transcript where it collects artifacts"),
+        ("--instruction-file", "the platform delivers the instruction as the recipe's instruction.via says"),
+        ("--", "the platform places the instruction after --"),
+    ),
 }
 
 # Per engine, files (relative to the working directory, normalised) the harness reads

@@ -13,12 +13,14 @@ The credential travels in ``AgentConfig.env`` (never in kwargs): Harbor redacts
 sensitive env names when it writes the trial config and scrubs their values from every
 file of the trial directory, whereas kwargs are written verbatim.
 
-setup: the plan's files and the instruction file are uploaded, then each setup command
-runs in the working directory with its own deadline. run: oracle is Harbor's
+setup: the plan's files and the instruction file are uploaded (for engine synth-mini also
+the built-in agent, apps/runs/mini_agent.py, to /installed-agent/synth_mini.py), then
+each setup command runs in the working directory with its own deadline. run: oracle is Harbor's
 OracleAgent (the task's solution is uploaded to /solution and solve.sh runs), nop does
 nothing, any other engine runs the plan's argv in the working directory with the
 plan's env; stdout+stderr go to /logs/agent/<engine>.txt (claude-code: stdout, the
-stream-json transcript, to /logs/agent/claude-code.jsonl), the exit code to
+stream-json transcript, to /logs/agent/claude-code.jsonl; synth-mini writes its own
+transcript, /logs/agent/synth-mini.jsonl), the exit code to
 /logs/agent/exit-code.txt. A non-zero exit is recorded, not raised (verification decides
 the reward) unless the plan says so. Then the required outputs must exist
 (``RequiredOutputMissing`` otherwise) and are copied to /logs/artifacts/outputs/<path>,
@@ -31,6 +33,7 @@ a second time here.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shlex
@@ -45,7 +48,7 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 from harbor.models.trial.config import AgentConfig
 
-from apps.profiles.launcher import AGENT_LOGS_DIR, ARTIFACT_OUTPUTS_DIR, LaunchError, LaunchPlan
+from apps.profiles.launcher import AGENT_LOGS_DIR, ARTIFACT_OUTPUTS_DIR, SYNTH_MINI_PATH, LaunchError, LaunchPlan
 
 IMPORT_PATH = "apps.runs.agents:RecipeAgent"
 # Harbor treats a name containing CREDENTIAL as sensitive (redacted in config.json,
@@ -56,6 +59,12 @@ PLAN_PATH = f"{AGENT_LOGS_DIR}/launch-plan.json"
 # argument / stdin delivery read the instruction from here, so a long instruction never
 # has to fit into the `bash -c` string (one argument is limited to 128 KiB on Linux).
 INSTRUCTION_PATH = f"{AGENT_LOGS_DIR}/instruction.txt"
+# The built-in minimal agent (engine synth-mini): one standard-library file, uploaded
+# into the sandbox during setup and run by the sandbox's python3.
+SYNTH_MINI_SOURCE = Path(__file__).with_name("mini_agent.py")
+# Engines that write their transcript themselves (the plan's argv names the path); for the
+# others a transcript_path means "stdout is the transcript".
+_OWN_TRANSCRIPT_ENGINES = ("synth-mini",)
 _TAIL_CHARS = 2000
 _SETUP_GRACE_SEC = 120.0
 
@@ -148,6 +157,8 @@ class RecipeAgent(BaseAgent):
     async def setup(self, environment: BaseEnvironment) -> None:
         plan = self.plan
         uploads = [(f.path, f.content, f.mode) for f in plan.files]
+        if plan.engine == "synth-mini":
+            uploads.append((SYNTH_MINI_PATH, SYNTH_MINI_SOURCE.read_text(encoding="utf-8"), "0755"))
         if plan.instruction_via == "file":
             uploads.append((plan.instruction_path, plan.instruction, "0644"))
         elif plan.instruction_via in ("argument", "stdin"):
@@ -200,7 +211,7 @@ class RecipeAgent(BaseAgent):
             # file instead of inlining it (same value, no command-line size limit).
             argv[-1] = f'"$(cat {_q(INSTRUCTION_PATH)})"'
         stdin = INSTRUCTION_PATH if plan.instruction_via == "stdin" else "/dev/null"
-        if plan.transcript_path:
+        if plan.transcript_path and plan.engine not in _OWN_TRANSCRIPT_ENGINES:
             outputs = f"> {_q(plan.transcript_path)} 2> {_q(plan.log_path)}"
         else:
             outputs = f"> {_q(plan.log_path)} 2>&1"
@@ -241,6 +252,8 @@ class RecipeAgent(BaseAgent):
             "correlation_id": plan.correlation_id,
             "exit_code": None,
         }
+        if plan.engine == "synth-mini":
+            metadata["synth_mini_sha256"] = hashlib.sha256(SYNTH_MINI_SOURCE.read_bytes()).hexdigest()
         context.metadata = {**(context.metadata or {}), **metadata}
 
         exit_code: int | None = None

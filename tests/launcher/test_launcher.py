@@ -173,12 +173,6 @@ def test_nop_plan():
     assert plan.files == () and plan.setup == () and plan.outputs == ()
 
 
-def test_synth_mini_is_not_available_yet():
-    error = error_of(recipe(CLAUDE, engine={"name": "synth-mini", "version": "1"}))
-    assert error.field == "engine.name"
-    assert "needs the model proxy (not yet available)" in str(error)
-
-
 # ---------------------------------------------------------------- instruction delivery
 
 
