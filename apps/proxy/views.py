@@ -24,6 +24,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import RequestDataTooBig
+from django.db import OperationalError as DatabaseOperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.http.request import RawPostDataException
 from django.views.decorators.csrf import csrf_exempt
@@ -35,6 +36,7 @@ from apps.proxy.errors import (
     ApiError,
     InvalidRequest,
     NotFound,
+    Overloaded,
     ProxyError,
     RequestTooLarge,
     error_response,
@@ -54,6 +56,11 @@ class MethodNotAllowed(InvalidRequest):
 
 
 def _reject(exc: Exception, request_id: str) -> HttpResponse:
+    if isinstance(exc, DatabaseOperationalError):
+        # The database refused a connection (pool or server limit): an overload the client
+        # should retry, not a server bug.
+        logger.warning("proxy request %s: database unavailable: %s", request_id, exc)
+        exc = Overloaded("the service is overloaded; retry shortly", headers={"retry-after": "2"})
     if not isinstance(exc, ProxyError):
         logger.exception("proxy request %s failed", request_id, exc_info=exc)
         exc = ApiError("Internal server error")

@@ -1,0 +1,555 @@
+"""Model proxy under load: many concurrent streaming Claude Code sessions against an
+instant sampler, through a live uvicorn proxy on 127.0.0.1.
+
+    .venv/bin/python bench/proxy_load.py [--sessions 200] [--turns 5] [--size small|claude-code]
+
+Set-up (idempotent): the bench's own database (--database-url, default synth_bench_proxy;
+DATABASE_URL is not read) created if missing and migrated; the Qwen3 tokenizer
+provisioned (manage.py provision_tokenizers) if missing; the route "bench-instant" added
+(manage.py route_add; backend "instant", returning at once one Qwen3 tool call, so every
+turn is a tool cycle); one model
+credential per session, as each attempt of a run holds its own. The proxy is this file run
+with --serve in a subprocess: uvicorn serving synth_project.asgi with uvicorn's defaults
+on a free loopback port, its own process as in production.
+
+Load: --sessions asyncio tasks on one httpx.AsyncClient, started together, each a
+conversation of --turns streaming calls (POST /v1/messages?beta=true, Claude Code's
+headers and body fields, the answer's tool_use sent back as a tool_result on the next
+call). Per call:
+* TTFB: from sending the request to the first byte of the response body (the
+  message_start event, sent once the prompt is rendered and tokenized);
+* first content: to the first content_block_start (after sampling and staging the
+  interaction row);
+* done: to message_stop (the client then has the whole answer).
+calls/s is completed calls over the load's wall time. A call answered 5xx/429 (or lost)
+is retried up to --retries times with backoff, as Claude Code does; failures are counted
+and the proxy's exception lines summarized, and latencies are of successful calls only.
+The proxy's own per-call timings (render, queue, sample, parse, total) are read back from
+the interactions it captured, to tell server time from time spent before the view runs.
+
+Event-loop lag of the proxy is measured INSIDE the proxy process: --serve schedules a
+probe coroutine on uvicorn's loop that sleeps --probe-ms and records how late it woke;
+the samples taken while the load ran are reported. Chosen over timing GET /v1/models from
+outside, which would add the client's own loop lag (200 streams in this process), the
+authentication query and its thread hop to the figure; and over running uvicorn in a
+thread of this process, which would share the GIL with the client. apps/proxy is not
+modified: the probe lives in this file's --serve entry point.
+
+Bounded: only loopback traffic; each session stops at --turns or when --max-seconds have
+passed; every request has a timeout; the proxy is stopped at the end. Prints figures;
+asserts nothing. Rows (credentials, interactions) are left in the bench database; the
+evidence queue the proxy fills on the bench's Redis db (--broker-url, default db 12; the
+environment's CELERY_BROKER_URL is not used) is deleted at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synth_project.settings")
+DATABASE_URL = "postgres://postgres@127.0.0.1:5432/synth_bench_proxy"
+BROKER_URL = "redis://127.0.0.1:6379/12"
+
+ROUTE = "bench-instant"
+FAMILY = "qwen3"
+TOOL_CALL = '<tool_call>\n{"name": "Bash", "arguments": {"command": "ls"}}\n</tool_call>'
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def ms(values: list[float]) -> str:
+    return f"p50 {pct(values, 0.5) * 1000:.1f} ms, p99 {pct(values, 0.99) * 1000:.1f} ms"
+
+
+# THE PROXY (subprocess)
+# ------------------------------------------------------------------------------
+
+
+def serve(port: int, lag_file: str, probe_ms: float) -> None:
+    """uvicorn with the ASGI application and a loop-lag probe on its event loop."""
+    import uvicorn
+
+    from synth_project.asgi import application
+
+    interval = probe_ms / 1000
+
+    async def probe() -> None:
+        # Written as it goes (flushed every ~0.2 s): uvicorn re-raises SIGTERM once it has
+        # shut down, so nothing may be left to write at exit.
+        loop = asyncio.get_running_loop()
+        with open(lag_file, "a", encoding="utf-8") as out:
+            last_flush = loop.time()
+            while True:
+                t0 = loop.time()
+                await asyncio.sleep(interval)
+                now = loop.time()
+                out.write(f"{time.time():.6f} {now - t0 - interval:.6f}\n")
+                if now - last_flush > 0.2:
+                    out.flush()
+                    last_flush = now
+
+    async def main() -> None:
+        server = uvicorn.Server(
+            uvicorn.Config(application, host="127.0.0.1", port=port, lifespan="off", log_level="warning")
+        )
+        task = asyncio.create_task(probe())
+        try:
+            await server.serve()  # returns on SIGTERM / SIGINT (graceful shutdown)
+        finally:
+            task.cancel()
+
+    asyncio.run(main())
+
+
+# SET-UP (this process)
+# ------------------------------------------------------------------------------
+
+
+def ensure_database(url: str) -> None:
+    import psycopg
+
+    name = url.rsplit("/", 1)[1]
+    with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def setup(sessions: int) -> tuple[str, list[str]]:
+    """Database, tokenizer, route, credentials. Returns (run id, one secret per session)."""
+    import io
+    from datetime import timedelta
+
+    import django
+
+    ensure_database(os.environ["DATABASE_URL"])
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    from apps.proxy.tokenizers import provisioned_status, tokenizer_load
+
+    if provisioned_status(FAMILY) is not None:
+        call_command("provision_tokenizers", "--family", FAMILY, stdout=io.StringIO())
+    ids = tokenizer_load(FAMILY).encode(TOOL_CALL, add_special_tokens=False).ids
+    call_command(
+        "route_add",
+        ROUTE,
+        "--family",
+        FAMILY,
+        "--context-window",
+        "32768",
+        "--max-output",
+        "4096",
+        "--backend",
+        "instant",
+        "--config",
+        json.dumps({"token_ids": ids}),
+        stdout=io.StringIO(),
+    )
+    from apps.accounts.services import model_credential_issue, org_get_or_create
+
+    org = org_get_or_create(slug="bench-proxy")
+    run_id = f"run_bench_{int(time.time())}"
+    secrets = [
+        model_credential_issue(
+            org=org, run_id=run_id, trial_id=f"trl_bench_{i}", route=ROUTE, snapshot="", ttl=timedelta(hours=1)
+        )[1]
+        for i in range(sessions)
+    ]
+    return run_id, secrets
+
+
+def recorded(run_id: str, since: float) -> None:
+    """What the proxy itself recorded for the calls of the load (the captured interactions)."""
+    from datetime import UTC, datetime
+
+    from apps.proxy.models import Interaction
+
+    rows = list(
+        Interaction.objects.filter(run_id=run_id, created_at__gte=datetime.fromtimestamp(since, tz=UTC)).values_list(
+            "timings", "delivery"
+        )
+    )
+    if not rows:
+        return
+    parts = []
+    for name in ("render_ms", "queue_ms", "sample_ms", "parse_ms", "total_ms"):
+        values = [t[name] / 1000 for t, _ in rows if name in t]
+        if values:
+            parts.append(f"{name[:-3]} {pct(values, 0.5) * 1000:.1f}/{pct(values, 0.99) * 1000:.1f}")
+    deliveries = dict(Counter(d for _, d in rows))
+    print(
+        f"proxy-recorded timings of {len(rows)} captured calls, ms p50/p99 (total = request start to staging): "
+        f"{', '.join(parts)}; delivery {deliveries}"
+    )
+
+
+def evidence_queue_delete() -> int:
+    """Remove what the proxy enqueued for the (absent) evidence worker on this bench's Redis db."""
+    try:
+        import redis
+
+        client = redis.Redis.from_url(os.environ["CELERY_BROKER_URL"])
+        keys = list(client.scan_iter(match="evidence*"))
+        length = sum(client.llen(k) for k in keys if client.type(k) == b"list")
+        if keys:
+            client.delete(*keys)
+        return length
+    except Exception as exc:  # noqa: BLE001 - cleanup is best effort
+        print(f"(could not clean the evidence queue: {exc})")
+        return 0
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of all CPUs since boot."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = values[3] + values[4]
+    return sum(values) - idle, sum(values)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# THE LOAD (this process)
+# ------------------------------------------------------------------------------
+
+
+@dataclass
+class Stats:
+    ttfb: list[float] = field(default_factory=list)
+    content: list[float] = field(default_factory=list)
+    done: list[float] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)
+    errors: Counter = field(default_factory=Counter)
+    client_lag: list[float] = field(default_factory=list)
+    retried: int = 0
+
+
+def sse_events(buffer: bytearray) -> list[tuple[str, dict[str, Any]]]:
+    """Complete events at the front of `buffer` (consumed from it)."""
+    out = []
+    while True:
+        end = buffer.find(b"\n\n")
+        if end < 0:
+            return out
+        chunk = bytes(buffer[:end]).decode()
+        del buffer[: end + 2]
+        fields = dict(line.split(": ", 1) for line in chunk.splitlines() if ": " in line)
+        if "event" in fields:
+            out.append((fields["event"], json.loads(fields.get("data") or "{}")))
+
+
+class Failed(Exception):
+    def __init__(self, retryable: bool) -> None:
+        self.retryable = retryable
+
+
+async def one_call(client: Any, conv: Any, secret: str, stats: Stats, timeout: float) -> list[dict[str, Any]]:
+    """One streaming call; the assistant's blocks. Raises Failed (counted in stats)."""
+    import httpx
+
+    body = conv.request(max_tokens=4096)
+    headers = {**conv.headers(), "x-api-key": secret}
+    blocks: list[dict[str, Any]] = []
+    partial: dict[int, str] = {}
+    first = content = done = None
+    t0 = time.perf_counter()
+    try:
+        async with client.stream("POST", "/v1/messages?beta=true", json=body, headers=headers, timeout=timeout) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                stats.errors[f"HTTP {resp.status_code}"] += 1
+                raise Failed(resp.status_code >= 500 or resp.status_code == 429)
+            buffer = bytearray()
+            async for chunk in resp.aiter_raw():
+                now = time.perf_counter()
+                if first is None:
+                    first = now
+                buffer += chunk
+                for event, data in sse_events(buffer):
+                    if event == "message_start":
+                        stats.prompt_tokens.append(data["message"]["usage"]["input_tokens"])
+                    elif event == "content_block_start":
+                        content = content or now
+                        blocks.append(dict(data["content_block"]))
+                        partial[data["index"]] = ""
+                    elif event == "content_block_delta":
+                        delta = data["delta"]
+                        if delta["type"] == "input_json_delta":
+                            partial[data["index"]] += delta["partial_json"]
+                        elif delta["type"] == "text_delta":
+                            blocks[data["index"]]["text"] = blocks[data["index"]].get("text", "") + delta["text"]
+                        elif delta["type"] == "thinking_delta":
+                            blocks[data["index"]]["thinking"] = (
+                                blocks[data["index"]].get("thinking", "") + delta["thinking"]
+                            )
+                    elif event == "message_stop":
+                        done = now
+                    elif event == "error":
+                        stats.errors[f"error event: {data['error']['type']}"] += 1
+                        raise Failed(data["error"]["type"] in ("overloaded_error", "api_error"))
+    except httpx.HTTPError as exc:
+        stats.errors[type(exc).__name__] += 1
+        raise Failed(True) from exc
+    if done is None or first is None:
+        stats.errors["stream ended without message_stop"] += 1
+        raise Failed(True)
+    for index, text in partial.items():
+        if blocks[index].get("type") == "tool_use" and text:
+            blocks[index]["input"] = json.loads(text)
+    stats.ttfb.append(first - t0)
+    stats.content.append((content or done) - t0)
+    stats.done.append(done - t0)
+    return blocks
+
+
+async def session(index: int, client: Any, secret: str, args: argparse.Namespace, stats: Stats, deadline: float) -> int:
+    from bench.claude_code_request import Conversation
+
+    conv = Conversation(seed=index, size=args.size)
+    calls = 0
+    for _ in range(args.turns):
+        blocks = None
+        for attempt in range(args.retries + 1):
+            if time.monotonic() > deadline:
+                stats.errors["not started: --max-seconds reached"] += 1
+                return calls
+            if attempt:  # a client retries 5xx/429 with backoff, as Claude Code does
+                stats.retried += 1
+                await asyncio.sleep(0.5 * 2 ** (attempt - 1) * (1 + random.random()))
+            try:
+                blocks = await one_call(client, conv, secret, stats, args.timeout)
+                break
+            except Failed as exc:
+                if not exc.retryable:
+                    return calls
+        if blocks is None:
+            return calls
+        calls += 1
+        conv.advance(blocks)
+    return calls
+
+
+async def client_lag_probe(stats: Stats, interval: float) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        t0 = loop.time()
+        await asyncio.sleep(interval)
+        stats.client_lag.append(loop.time() - t0 - interval)
+
+
+async def load(base: str, secrets: list[str], args: argparse.Namespace, proxy_pid: int) -> None:
+    import httpx
+
+    limits = httpx.Limits(max_connections=len(secrets) + 8, max_keepalive_connections=len(secrets) + 8)
+    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=args.timeout) as client:
+        # Warm-up: adapter, tokenizer and sampler load on the first call; not measured.
+        warm = Stats()
+        await session(
+            0, client, secrets[0], argparse.Namespace(**{**vars(args), "turns": 2}), warm, time.monotonic() + 60
+        )
+        if warm.errors:
+            print(f"warm-up failed: {dict(warm.errors)}")
+            return
+
+        stats = Stats()
+        probe = asyncio.create_task(client_lag_probe(stats, args.probe_ms / 1000))
+        deadline = time.monotonic() + args.max_seconds
+        cpu0, client_cpu0, machine0 = cpu_seconds(proxy_pid), time.process_time(), machine_busy()
+        wall0 = time.time()
+        t0 = time.perf_counter()
+        calls = await asyncio.gather(*(session(i, client, s, args, stats, deadline) for i, s in enumerate(secrets)))
+        elapsed = time.perf_counter() - t0
+        wall1 = time.time()
+        proxy_cpu, client_cpu = cpu_seconds(proxy_pid) - cpu0, time.process_time() - client_cpu0
+        machine1 = machine_busy()
+        machine = (machine1[0] - machine0[0]) / max(1, machine1[1] - machine0[1])
+        probe.cancel()
+
+    args.window = (wall0, wall1)
+    total = sum(calls)
+    print(
+        f"load: {len(secrets)} concurrent streaming sessions x up to {args.turns} calls ({args.size} conversations, "
+        f"prompt {min(stats.prompt_tokens, default=0):,}-{max(stats.prompt_tokens, default=0):,} tokens), "
+        f"instant sampler, 1 uvicorn process"
+    )
+    print(
+        f"completed calls: {total} in {elapsed:.1f} s = {total / elapsed:,.1f} calls/s; "
+        f"sessions finished all turns: {sum(1 for c in calls if c == args.turns)}/{len(secrets)}"
+    )
+    print(f"errors: {dict(stats.errors) if stats.errors else 'none'}; retried calls: {stats.retried}")
+    print(f"TTFB (first SSE byte, message_start): {ms(stats.ttfb)}")
+    print(f"first content event (after sampling + staging): {ms(stats.content)}")
+    print(f"done (message_stop): {ms(stats.done)}")
+    print(
+        f"CPU during the load: proxy {proxy_cpu / elapsed:.2f} cores, bench client {client_cpu / elapsed:.2f} cores "
+        f"(of {os.cpu_count()}); whole machine {machine:.0%} busy (PostgreSQL's backends included)"
+    )
+    print(
+        f"bench client's own loop lag (probe {args.probe_ms:g} ms): {ms(stats.client_lag)}, "
+        f"max {max(stats.client_lag, default=0) * 1000:.1f} ms"
+    )
+
+
+def summarize_log(path: Path) -> None:
+    """The proxy's distinct exception lines (tracebacks' last lines), most frequent first."""
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.exists() else []
+    errors = Counter(
+        line.strip()[:160]
+        for line in lines
+        if line
+        and not line.startswith((" ", "Traceback", "During", "The above"))
+        and ("Error" in line.split(":", 1)[0] or "Exception" in line.split(":", 1)[0])
+    )
+    if errors:
+        print(f"proxy log {path} ({len(lines)} lines); exceptions:")
+        for line, count in errors.most_common(3):
+            print(f"  {count} x {line}")
+    else:
+        path.unlink(missing_ok=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=200)
+    parser.add_argument("--turns", type=int, default=5, help="calls per session")
+    parser.add_argument(
+        "--size",
+        choices=["small", "claude-code"],
+        default="small",
+        help="conversation shape (claude-code: ~18K-token prompts; CPU-bound, use fewer sessions)",
+    )
+    parser.add_argument("--max-seconds", type=float, default=90, help="no call starts after this")
+    parser.add_argument("--timeout", type=float, default=60, help="per-request timeout, seconds")
+    parser.add_argument("--probe-ms", type=float, default=10, help="loop-lag probe interval")
+    parser.add_argument("--retries", type=int, default=2, help="retries of a failed call (5xx, 429, transport)")
+    parser.add_argument(
+        "--proxy-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="environment of the proxy process, e.g. SYNTH_PROXY_CPU_WORKERS=4 (repeatable)",
+    )
+    parser.add_argument(
+        "--database-url", default=DATABASE_URL, help="the bench's PostgreSQL database (created if missing)"
+    )
+    parser.add_argument(
+        "--broker-url", default=BROKER_URL, help="the bench's Redis broker (its evidence queue is deleted)"
+    )
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--lag-file", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.port, args.lag_file, args.probe_ms)
+        return
+
+    import logging
+
+    # The bench's own database and broker, whatever the environment says: the evidence queue
+    # is deleted from this broker at the end.
+    os.environ["DATABASE_URL"] = args.database_url
+    os.environ["CELERY_BROKER_URL"] = args.broker_url
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    random.seed(0)
+    t_setup = time.perf_counter()
+    run_id, secrets = setup(args.sessions)
+    port = free_port()
+    lag_file = tempfile.NamedTemporaryFile(prefix="proxy-lag-", suffix=".json", delete=False).name
+    log_path = Path(lag_file).with_suffix(".log")
+    env = dict(os.environ)
+    for item in args.proxy_env:
+        name, _, value = item.partition("=")
+        env[name] = value
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            __file__,
+            "--serve",
+            "--port",
+            str(port),
+            "--lag-file",
+            lag_file,
+            "--probe-ms",
+            str(args.probe_ms),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    import httpx
+
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            if server.poll() is not None:
+                raise SystemExit(f"the proxy exited with {server.returncode}")
+            try:
+                httpx.get(f"{base}/healthz", timeout=2)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        print(
+            f"set-up (database, tokenizer, route, {len(secrets)} credentials, proxy start): "
+            f"{time.perf_counter() - t_setup:.1f} s"
+        )
+        asyncio.run(load(base, secrets, args, server.pid))
+        time.sleep(0.5)  # the probe's last samples of the window reach its file
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    window = getattr(args, "window", None)
+    samples = []
+    for line in Path(lag_file).read_text(encoding="utf-8").splitlines():
+        at, _, lag = line.partition(" ")
+        if lag:
+            samples.append((float(at), float(lag)))
+    Path(lag_file).unlink(missing_ok=True)
+    if window:
+        lag = [lag for at, lag in samples if window[0] <= at <= window[1]]
+        print(
+            f"proxy event-loop lag during the load (in-process probe, {args.probe_ms:g} ms sleeps, {len(lag)} samples): "
+            f"{ms(lag)}, max {max(lag, default=float('nan')) * 1000:.1f} ms"
+        )
+    if window:
+        recorded(run_id, window[0])
+    summarize_log(log_path)
+    dropped = evidence_queue_delete()
+    print(f"(deleted {dropped} evidence-queue messages from the bench broker)")
+
+
+if __name__ == "__main__":
+    main()

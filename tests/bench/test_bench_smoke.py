@@ -1,0 +1,74 @@
+"""Smoke test of the proxy benches: each runs with tiny parameters and prints its figure
+lines. No timing is asserted (figures depend on the machine); only that the benches still
+run end to end against the current proxy code."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKENIZER_DIR = "/tmp/synth-test-tokenizers"  # shared with tests/proxy (built once per machine)
+
+pytestmark = pytest.mark.slow
+
+
+def run_bench(name: str, *args: str, env: dict[str, str] | None = None, timeout: float = 300) -> str:
+    full_env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "synth_project.settings",
+        "SYNTH_TOKENIZER_DIR": TOKENIZER_DIR,
+        **(env or {}),
+    }
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / name), *args],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, f"{name} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+def test_claude_code_request_shape() -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench.claude_code_request import Conversation, body_bytes
+
+    conv = Conversation(seed=0)
+    first = conv.request()
+    assert len(first["system"]) == 3 and len(first["tools"]) == 24
+    conv.advance()
+    conv.advance()
+    body = conv.request()
+    assert body_bytes(body) > body_bytes(first)
+    roles = [m["role"] for m in body["messages"]]
+    assert roles == ["user", "assistant", "user", "assistant", "user"]
+    calls = [b["id"] for b in body["messages"][1]["content"] if b["type"] == "tool_use"]
+    results = [b["tool_use_id"] for b in body["messages"][2]["content"]]
+    assert calls and calls == results
+    assert Conversation(seed=0).request() == first  # deterministic per seed
+
+
+def test_proxy_overhead_prints_figures() -> None:
+    out = run_bench("proxy_overhead.py", "--conversations", "1", "--repeat", "1", "--max-tokens", "21000")
+    assert "prepare: hit" in out and "cold/hit" in out
+    assert "prompt tokens: first call" in out
+    assert "per call, prepare + parse, all sizes: with prefix cache p50" in out
+
+
+def test_proxy_load_prints_figures() -> None:
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith("postgres"):
+        pytest.skip("proxy_load needs PostgreSQL (DATABASE_URL)")
+    database = url.rsplit("/", 1)[0] + "/synth_bench_proxy"
+    out = run_bench(
+        "proxy_load.py", "--sessions", "4", "--turns", "2", "--max-seconds", "60", "--database-url", database
+    )
+    for line in ("completed calls:", "TTFB (first SSE byte", "done (message_stop):", "proxy event-loop lag"):
+        assert line in out, out
