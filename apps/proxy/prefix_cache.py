@@ -156,16 +156,17 @@ class PrefixCache:
             return
         prefix = text[:boundary]
         wanted = prefix.count(turn_end)
-        seen = 0
-        cut = None
-        for i, token in enumerate(ids):
-            if token == turn_end_id:
-                seen += 1
-                if seen == wanted:
-                    cut = i + 1
-                    break
-        if cut is None:
+        # Find the wanted-th turn-end id counting from the start by walking from the end:
+        # the boundary sits near the end of long prompts, and list.count/index run in C
+        # (a Python loop over 100K ids cost about 5 ms per call).
+        after = ids.count(turn_end_id) - wanted
+        if wanted == 0 or after < 0:
             return
+        reverse = ids[::-1]
+        position = -1
+        for _ in range(after + 1):
+            position = reverse.index(turn_end_id, position + 1)
+        cut = len(ids) - position
         if prefix.endswith(turn_end + separator) and separator:
             if ids[cut : cut + len(separator_ids)] != separator_ids:
                 return  # the separator merged with what follows: not a clean boundary
