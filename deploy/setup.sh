@@ -31,3 +31,18 @@ if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-ge
   (apt-get install -y -q bubblewrap >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; }) \
     || echo "setup: could not install bubblewrap; local sandboxes will be unavailable" >&2
 fi
+
+# Claude Code, pinned in package.json / package-lock.json: node_modules/.bin/claude is bound
+# read-only into local sandboxes (apps/runs/model_access.py). Needs node + npm; reinstalled
+# only when the lock file changes.
+if command -v npm >/dev/null 2>&1; then
+  npm_stamp=node_modules/.package-lock.sha256
+  npm_want=$(sha256sum package-lock.json | cut -d' ' -f1)
+  if [ ! -x node_modules/.bin/claude ] || [ "$(cat "$npm_stamp" 2>/dev/null)" != "$npm_want" ]; then
+    npm ci --no-audit --no-fund --loglevel=error \
+      && echo "$npm_want" > "$npm_stamp" \
+      || echo "setup: npm ci failed; agents with engine claude-code will not run in local sandboxes" >&2
+  fi
+else
+  echo "setup: node/npm not found; agents with engine claude-code will not run in local sandboxes" >&2
+fi

@@ -4,6 +4,7 @@ With nothing set, the embedded default works on one machine: SQLite under var/,
 Celery's filesystem broker and a filesystem object store. PostgreSQL, Redis and S3
 are switched on by variables only (DATABASE_URL, CELERY_BROKER_URL, SYNTH_OBJECT_STORE).
 """
+
 from __future__ import annotations
 
 import os
@@ -253,3 +254,14 @@ SYNTH_ARTIFACT_MAX_BYTES = env_int("SYNTH_ARTIFACT_MAX_BYTES", 64 * 1024 * 1024)
 SYNTH_TOKENIZER_DIR = Path(os.environ.get("SYNTH_TOKENIZER_DIR") or VAR_DIR / "tokenizers")
 # Where operators' harnesses (synth claude) reach the proxy; the gateway serves /v1 too.
 SYNTH_PROXY_PUBLIC_URL = os.environ.get("SYNTH_PROXY_PUBLIC_URL", "").rstrip("/") or None
+# The proxy serves the Anthropic endpoints on this Unix socket (uvicorn --uds); trials
+# workers on the same host bridge each sandbox to it (apps.runs.model_access).
+SYNTH_PROXY_SOCKET = Path(os.environ.get("SYNTH_PROXY_SOCKET") or VAR_DIR / "run" / "proxy.sock")
+# The bridge's port on a sandbox's own 127.0.0.1 (ANTHROPIC_BASE_URL inside).
+SYNTH_SANDBOX_MODEL_PORT = env_int("SYNTH_SANDBOX_MODEL_PORT", 18080)
+# A trial's model credential lives for its agent deadline (+ setup) plus this margin; it is
+# revoked as soon as the trial ends, the expiry only bounds a crashed worker's credential.
+SYNTH_MODEL_CREDENTIAL_MARGIN_SECONDS = env_int("SYNTH_MODEL_CREDENTIAL_MARGIN_SECONDS", 900)
+# The Claude Code executable bound read-only into local sandboxes (as /synth/bin/claude).
+# Default: the repository's node_modules/.bin/claude (deploy/setup.sh runs npm ci).
+SYNTH_CLAUDE_CODE_BIN = os.environ.get("SYNTH_CLAUDE_CODE_BIN") or str(BASE_DIR / "node_modules" / ".bin" / "claude")

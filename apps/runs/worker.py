@@ -37,6 +37,13 @@ from apps.runs.admission import (
     node_usage,
 )
 from apps.runs.execution import TrialOutcome, trial_claim, trial_complete, trial_mark_running
+from apps.runs.model_access import (
+    ModelAccess,
+    ModelAccessError,
+    model_access_close,
+    model_access_open,
+    sandbox_model_options,
+)
 from apps.runs.models import Artifact, Lease, RunKind, Trial, TrialStatus, WorkerNode
 from apps.runs.services import lease_heartbeat, lease_report
 
@@ -202,10 +209,35 @@ def trial_execute(*, trial_id: str) -> None:
             data={"task": trial.task_version.name, "attempt": trial.attempt, "node": node.name, "need": need.as_dict()},
         )
         task_dir = task_version_materialize(task_version=trial.task_version, dest=work / "task")
-        launch_plan = trial_launch_plan(trial=trial, task_dir=task_dir)
-        outcome, trial_dir = harbor_trial_run(
-            trial=trial, task_dir=task_dir, trials_dir=work / "trials", launch_plan=launch_plan, keeper=keeper
-        )
+        recipe = _actor_recipe(trial=trial)
+        try:
+            access = model_access_open(trial=trial, recipe=recipe)
+        except ModelAccessError as exc:
+            # Before any sandbox exists: nothing to clean up, and the message says what to fix.
+            trial_complete(
+                worker=worker,
+                lease=lease,
+                trial_id=trial.id,
+                outcome=TrialOutcome(
+                    status=TrialStatus.FAILED, error_type="ModelAccessError", error_message=exc.message
+                ),
+            )
+            return
+        try:
+            launch_plan = trial_launch_plan(trial=trial, task_dir=task_dir, recipe=recipe, access=access)
+            outcome, trial_dir = harbor_trial_run(
+                trial=trial,
+                task_dir=task_dir,
+                trials_dir=work / "trials",
+                launch_plan=launch_plan,
+                keeper=keeper,
+                access=access,
+            )
+        finally:
+            # The attempt is over (or never started): its credential must stop working now,
+            # not when it expires.
+            if access is not None:
+                model_access_close(access=access)
         if keeper.lost.is_set():
             return
         artifacts_publish(trial=trial, trial_dir=trial_dir, launch_plan=launch_plan)
@@ -236,14 +268,27 @@ def trial_execute(*, trial_id: str) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def trial_launch_plan(*, trial: Trial, task_dir: Path) -> Any:
-    """The recipe interpreted for this attempt, by the one launcher (apps.profiles.launcher)."""
+def _actor_recipe(*, trial: Trial) -> dict[str, Any]:
+    from apps.profiles.selectors import profile_version_recipe
+
+    return profile_version_recipe(profile_version=trial.run.spec.actor_version)
+
+
+def trial_launch_plan(
+    *, trial: Trial, task_dir: Path, recipe: dict[str, Any] | None = None, access: ModelAccess | None = None
+) -> Any:
+    """The recipe interpreted for this attempt, by the one launcher (apps.profiles.launcher).
+
+    ``access`` (apps.runs.model_access) is the attempt's model: the binding the harness sees
+    (the bridge's address inside the sandbox) and the scoped credential. Without it, an
+    engine that needs a model fails to launch with a clear LaunchError.
+    """
     from harbor.models.task.task import Task as HarborTask
 
     from apps.profiles.launcher import AttemptBinding, Bindings, RunBinding, TaskBinding, launch_plan_build
-    from apps.profiles.selectors import profile_version_recipe
 
-    recipe = profile_version_recipe(profile_version=trial.run.spec.actor_version)
+    if recipe is None:
+        recipe = _actor_recipe(trial=trial)
     tv = trial.task_version
     harbor_task = HarborTask(task_dir)
     bindings = Bindings(
@@ -257,10 +302,9 @@ def trial_launch_plan(*, trial: Trial, task_dir: Path) -> Any:
         ),
         run=RunBinding(id=trial.run_id, kind=trial.run.kind),
         attempt=AttemptBinding(trial_id=trial.id, index=trial.attempt, group_id=trial.group_id),
-        # Model access (the bridge to the proxy and a scoped credential) arrives with the
-        # model proxy; engines that need a model fail to launch with a clear error until then.
-        model=None,
-        credential=None,
+        model=access.binding if access is not None else None,
+        credential=access.secret if access is not None else None,
+        proxy_address=f"unix:{access.socket}" if access is not None else None,
     )
     return launch_plan_build(recipe=recipe, bindings=bindings)
 
@@ -275,7 +319,9 @@ def _timing(info: Any) -> dict[str, Any] | None:
     return out
 
 
-def _environment_config(*, plan: dict[str, Any]) -> Any:
+def _environment_config(*, plan: dict[str, Any], access: ModelAccess | None = None) -> Any:
+    """Harbor's environment for the plan. With model access (the local sandbox only, see
+    apps.runs.model_access): the bridge to the proxy's socket and Claude Code on PATH."""
     from harbor.models.trial.config import EnvironmentConfig
 
     overrides = plan.get("resources") or {}
@@ -285,6 +331,9 @@ def _environment_config(*, plan: dict[str, Any]) -> Any:
         "override_storage_mb": overrides.get("storage_mb"),
         "delete": True,
     }
+    if access is not None:
+        kwargs, env = sandbox_model_options(access=access)
+        common.update(kwargs=kwargs, env=env)
     name = plan.get("environment") or "local"
     if name == "local":
         return EnvironmentConfig(import_path=settings.SYNTH_DEFAULT_ENVIRONMENT, **common)
@@ -294,7 +343,13 @@ def _environment_config(*, plan: dict[str, Any]) -> Any:
 
 
 def harbor_trial_run(
-    *, trial: Trial, task_dir: Path, trials_dir: Path, launch_plan: Any, keeper: LeaseKeeper
+    *,
+    trial: Trial,
+    task_dir: Path,
+    trials_dir: Path,
+    launch_plan: Any,
+    keeper: LeaseKeeper,
+    access: ModelAccess | None = None,
 ) -> tuple[TrialOutcome, Path]:
     """Run Harbor's trial lifecycle (environment, agent setup, agent, verifier) with the
     plan's deadlines; cancel it when the lease keeper says so."""
@@ -314,7 +369,7 @@ def harbor_trial_run(
         trials_dir=trials_dir,
         timeout_multiplier=plan.get("timeout_multiplier", 1.0),
         agent=agent_config,
-        environment=_environment_config(plan=plan),
+        environment=_environment_config(plan=plan, access=access),
         verifier=VerifierConfig(
             disable=trial.run.kind == RunKind.EXECUTE,
             override_timeout_sec=plan.get("verifier_timeout_sec"),

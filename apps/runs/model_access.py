@@ -1,0 +1,271 @@
+"""Model access for one trial: the route, a scoped credential, the bridge and the harness.
+
+When the actor recipe binds a model (``{"route": NAME}``), the trials worker, before the
+sandbox starts:
+
+1. resolves the route (the proxy's ModelRoute, read through a lazy import: the proxy is a
+   service the worker talks to, not a dependency of the runs models);
+2. checks that the environment has a model bridge (the local sandbox) and that the proxy
+   listens on ``SYNTH_PROXY_SOCKET``;
+3. issues a credential scoped to (org, run, trial, route, snapshot) that expires after the
+   trial's agent deadline plus a margin (``model_credential_issue``).
+
+The launcher gets ``ModelBinding(name=<route>, base_url=http://127.0.0.1:<port>)`` and the
+secret (``Bindings.credential``); the sandbox gets ``model_socket`` (the bridge from its own
+127.0.0.1:<port> to the proxy's Unix socket), and, for Claude Code, the ``claude`` executable
+bound read-only at ``/synth/bin/claude`` with ``/synth/bin`` first on PATH. When the trial
+ends, however it ends, the worker revokes the credential (:func:`model_access_close`).
+
+A failure here (unknown route, a checkpoint binding, no bridge, proxy down, Claude Code not
+installed) is a :class:`ModelAccessError`: the trial fails with its message before any
+sandbox exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+import socket
+import stat
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+
+from apps.accounts.models import ModelCredential
+from apps.accounts.services import model_credential_issue, model_credential_revoke
+from apps.profiles.launcher import ModelBinding
+
+if TYPE_CHECKING:
+    from apps.runs.models import Trial
+
+# Inside the sandbox: where the host's Claude Code executable is bound. Not under /opt or
+# /usr: those are read-only binds of the host's directories, so no mount point can be made
+# in them; the sandbox root is a tmpfs where bubblewrap creates it.
+SANDBOX_BIN_DIR = "/synth/bin"
+SANDBOX_CLAUDE = f"{SANDBOX_BIN_DIR}/claude"
+# Engines that never talk to a model: a model binding in their recipe is ignored.
+MODEL_FREE_ENGINES = ("oracle", "nop")
+DEFAULT_AGENT_TIMEOUT_SEC = 1800.0
+DEFAULT_SETUP_TIMEOUT_SEC = 600.0
+_ELF_MAGIC = b"\x7fELF"
+
+
+class ModelAccessError(RuntimeError):
+    """The trial cannot be given model access; ``message`` says why and what to do."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ModelAccess:
+    """What one trial holds: the binding the launcher sees, the credential, the bridge."""
+
+    binding: ModelBinding
+    credential: ModelCredential
+    secret: str = field(repr=False)
+    socket: Path
+    port: int
+    claude: Path | None = None  # host path of the Claude Code executable to bind, if any
+
+
+# ---------------------------------------------------------------- reads
+
+
+def trial_model_binding(*, trial: Trial) -> dict[str, Any]:
+    """The trial's model binding: its group's sampler (fixed when the group was made), else the spec's."""
+    return dict(trial.group.sampler or trial.run.spec.model_binding or {})
+
+
+def model_route_get(*, name: str) -> Any:
+    """The proxy's ModelRoute called ``name`` (exact name, not an alias), or None."""
+    from apps.proxy.models import ModelRoute  # lazy: runs' models do not depend on the proxy
+
+    return ModelRoute.objects.filter(name=name).first()
+
+
+def environment_import_path(*, plan: dict[str, Any]) -> str | None:
+    """The Harbor environment class a plan runs in (None for a named provider: docker, modal ...)."""
+    name = plan.get("environment") or "local"
+    if name == "local":
+        return settings.SYNTH_DEFAULT_ENVIRONMENT
+    return name if ":" in name else None
+
+
+def environment_has_model_bridge(*, plan: dict[str, Any]) -> bool:
+    """Whether the plan's environment is the local sandbox (or a subclass): the one with a bridge."""
+    from apps.runs.sandbox.environment import LocalSandboxEnvironment
+
+    path = environment_import_path(plan=plan)
+    if path is None:
+        return False
+    module, _, attr = path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError):
+        return False
+    return isinstance(cls, type) and issubclass(cls, LocalSandboxEnvironment)
+
+
+def proxy_listening(*, path: Path, timeout: float = 2.0) -> bool:
+    """Whether something accepts connections on the Unix socket ``path``."""
+    try:
+        if not stat.S_ISSOCK(path.stat().st_mode):
+            return False
+    except OSError:
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def _readable_by_others(path: Path) -> str | None:
+    """None when the sandbox's unprivileged uid can reach and run ``path``; else the obstacle."""
+    mode = path.stat().st_mode
+    if mode & 0o005 != 0o005:
+        return f"{path} is not readable and executable by other users (mode {stat.filemode(mode)})"
+    for parent in path.parents:
+        if parent.stat().st_mode & 0o001 == 0:
+            return f"{parent} is not searchable by other users"
+    return None
+
+
+def claude_code_binary() -> Path | None:
+    """The host's Claude Code executable to bind into sandboxes (resolved), or None if absent.
+
+    ``SYNTH_CLAUDE_CODE_BIN``, default the repository's ``node_modules/.bin/claude``
+    (``npm ci`` installs the pinned @anthropic-ai/claude-code, a native executable).
+    """
+    configured = Path(settings.SYNTH_CLAUDE_CODE_BIN)
+    if not configured.exists():
+        return None
+    return configured.resolve()
+
+
+def claude_code_check(*, path: Path) -> None:
+    """Raise ModelAccessError unless ``path`` can run inside a sandbox."""
+    with path.open("rb") as fh:
+        magic = fh.read(4)
+    if magic != _ELF_MAGIC:
+        raise ModelAccessError(
+            f"Claude Code at {path} is not a native executable (did its npm postinstall run? "
+            "`npm ci` in the repository root installs it); the sandbox binds one file and has no node_modules"
+        )
+    problem = _readable_by_others(path)
+    if problem:
+        raise ModelAccessError(
+            f"Claude Code cannot be bound into the sandbox, whose uid is unprivileged: {problem}. "
+            "Install the repository where other users can read it, or set SYNTH_CLAUDE_CODE_BIN"
+        )
+
+
+def credential_ttl(*, recipe: dict[str, Any], task_agent_timeout_sec: float | None, plan: dict[str, Any]) -> timedelta:
+    """How long a trial's credential lives: the agent's deadline as the trial applies it
+    (the recipe's limit capped by the task's, or the plan's override, times the plan's
+    multiplier), plus every setup command's deadline, plus the configured margin."""
+    limits = recipe.get("limits") or {}
+    agent = float(limits.get("timeout_sec") or DEFAULT_AGENT_TIMEOUT_SEC)
+    if task_agent_timeout_sec:
+        agent = min(agent, float(task_agent_timeout_sec))
+    if plan.get("agent_timeout_sec"):
+        agent = float(plan["agent_timeout_sec"])
+    agent *= float(plan.get("timeout_multiplier") or 1.0)
+    setup = float(limits.get("setup_timeout_sec", DEFAULT_SETUP_TIMEOUT_SEC)) * len(recipe.get("setup") or [])
+    return timedelta(seconds=agent + setup + settings.SYNTH_MODEL_CREDENTIAL_MARGIN_SECONDS)
+
+
+# ---------------------------------------------------------------- writes
+
+
+def model_access_open(*, trial: Trial, recipe: dict[str, Any]) -> ModelAccess | None:
+    """Model access for ``trial``, or None when its recipe binds no model (or needs none).
+
+    Checks everything before issuing the credential, so a refusal leaves nothing behind.
+    """
+    engine = (recipe.get("engine") or {}).get("name")
+    binding = trial_model_binding(trial=trial)
+    if not binding or engine in MODEL_FREE_ENGINES:
+        return None
+    if binding.get("checkpoint"):
+        raise ModelAccessError(
+            f"the recipe binds checkpoint {binding['checkpoint']!r}, but checkpoints cannot be served yet "
+            "(they arrive with training); bind a model route instead"
+        )
+    route_name = binding.get("route")
+    if not route_name:
+        raise ModelAccessError(f"the model binding {binding!r} names no route")
+    route = model_route_get(name=route_name)
+    if route is None:
+        raise ModelAccessError(
+            f"model route {route_name!r} does not exist; create it with "
+            f"`manage.py route_add {route_name} ...` (or route_add --default for qwen3-8b)"
+        )
+    if not route.inference_enabled:
+        raise ModelAccessError(f"model route {route_name!r} has inference disabled")
+    plan = trial.run.spec.plan
+    if not environment_has_model_bridge(plan=plan):
+        raise ModelAccessError(
+            f"environment {plan.get('environment')!r} has no model bridge; agents that use a model run in "
+            "the local sandbox for now"
+        )
+    proxy_socket = Path(settings.SYNTH_PROXY_SOCKET)
+    if not proxy_listening(path=proxy_socket):
+        raise ModelAccessError(
+            f"the model proxy is not listening on {proxy_socket} (SYNTH_PROXY_SOCKET); start it with "
+            f"`uvicorn synth_project.asgi:application --uds {proxy_socket}`"
+        )
+    claude = claude_code_binary()
+    if claude is not None:
+        try:
+            claude_code_check(path=claude)
+        except ModelAccessError:
+            if engine == "claude-code":
+                raise
+            claude = None  # another engine does not need it
+    elif engine == "claude-code":
+        raise ModelAccessError(
+            f"Claude Code is not installed at {settings.SYNTH_CLAUDE_CODE_BIN} (SYNTH_CLAUDE_CODE_BIN); "
+            "run `npm ci` in the repository root (deploy/setup.sh does)"
+        )
+    port = int(settings.SYNTH_SANDBOX_MODEL_PORT)
+    cred, secret = model_credential_issue(
+        org=trial.run.org,
+        run_id=trial.run_id,
+        trial_id=trial.id,
+        route=route.name,
+        snapshot=str(binding.get("snapshot") or ""),
+        ttl=credential_ttl(recipe=recipe, task_agent_timeout_sec=trial.task_version.agent_timeout_sec, plan=plan),
+    )
+    return ModelAccess(
+        binding=ModelBinding(name=route.name, base_url=f"http://127.0.0.1:{port}", route=route.name),
+        credential=cred,
+        secret=secret,
+        socket=proxy_socket,
+        port=port,
+        claude=claude,
+    )
+
+
+def model_access_close(*, access: ModelAccess) -> None:
+    """Revoke the trial's credential (idempotent): later calls with it are 401."""
+    model_credential_revoke(cred=access.credential)
+
+
+def sandbox_model_options(*, access: ModelAccess) -> tuple[dict[str, Any], dict[str, str]]:
+    """(LocalSandboxEnvironment kwargs, persistent env) that give a sandbox the model bridge
+    and, when installed, Claude Code as ``claude`` on PATH."""
+    from apps.runs.sandbox.sandbox import SANDBOX_PATH
+
+    kwargs: dict[str, Any] = {"model_socket": str(access.socket), "model_port": access.port}
+    env: dict[str, str] = {}
+    if access.claude is not None:
+        kwargs["extra_ro_binds"] = [f"{access.claude}:{SANDBOX_CLAUDE}"]
+        env["PATH"] = f"{SANDBOX_BIN_DIR}:{SANDBOX_PATH}"
+    return kwargs, env
