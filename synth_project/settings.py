@@ -182,12 +182,14 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or "filesystem://"
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = VAR_DIR / "broker"
-    for sub in ("out", "processed"):
+    for sub in ("out", "processed", "control"):
         (_broker_dir / sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "out"),
         "data_folder_out": str(_broker_dir / "out"),
         "processed_folder": str(_broker_dir / "processed"),
+        # Broadcast (remote control) messages; kombu would otherwise write ./control.
+        "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
 else:
