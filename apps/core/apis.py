@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.db import connection
+from drf_spectacular.utils import extend_schema
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -13,6 +14,7 @@ class HealthApi(APIView):
     authentication_classes: list = []
     permission_classes = [AllowAny]
 
+    @extend_schema(responses={200: dict}, exclude=True)
     def get(self, request: Request) -> Response:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.db import close_old_connections
 from django.http import StreamingHttpResponse
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import renderers, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -351,48 +351,69 @@ def trial_dict(trial: Any) -> dict[str, Any]:
     }
 
 
-class RunGroupsApi(APIView):
-    @extend_schema(responses={200: dict})
-    def get(self, request: Request, run_id: str) -> Response:
-        run = selectors.run_get(org=request.auth.org, run_id=run_id)
-        paginator = OldestFirstPagination()
-        page = paginator.paginate_queryset(selectors.group_list(run=run), request, view=self)
-        return paginator.get_paginated_response([group_dict(g) for g in page])
+class _RunCollectionApi(APIView):
+    """A paged list of one run's records, oldest first, with optional filters."""
 
-
-class RunTrialsApi(APIView):
     class FilterSerializer(serializers.Serializer):
-        status = serializers.CharField(required=False)
+        pass
 
-    @extend_schema(parameters=[FilterSerializer], responses={200: dict})
+    def rows(self, *, run: Run, filters: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def render(self, rows: list[Any], request: Request) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
     def get(self, request: Request, run_id: str) -> Response:
         filters = self.FilterSerializer(data=request.query_params)
         filters.is_valid(raise_exception=True)
         run = selectors.run_get(org=request.auth.org, run_id=run_id)
         paginator = OldestFirstPagination()
-        qs = selectors.trial_list(run=run, **filters.validated_data)
-        page = paginator.paginate_queryset(qs, request, view=self)
-        return paginator.get_paginated_response([trial_dict(t) for t in page])
+        page = paginator.paginate_queryset(self.rows(run=run, filters=filters.validated_data), request, view=self)
+        return paginator.get_paginated_response(self.render(list(page), request))
 
 
-class RunArtifactsApi(APIView):
+@extend_schema_view(get=extend_schema(responses={200: dict}))
+class RunGroupsApi(_RunCollectionApi):
+    def rows(self, *, run: Run, filters: dict[str, Any]) -> Any:
+        return selectors.group_list(run=run)
+
+    def render(self, rows: list[Any], request: Request) -> list[dict[str, Any]]:
+        return [group_dict(g) for g in rows]
+
+
+class RunTrialsApi(_RunCollectionApi):
+    class FilterSerializer(serializers.Serializer):
+        status = serializers.CharField(required=False)
+
+    def rows(self, *, run: Run, filters: dict[str, Any]) -> Any:
+        return selectors.trial_list(run=run, **filters)
+
+    def render(self, rows: list[Any], request: Request) -> list[dict[str, Any]]:
+        return [trial_dict(t) for t in rows]
+
+    @extend_schema(parameters=[FilterSerializer], responses={200: dict})
+    def get(self, request: Request, run_id: str) -> Response:
+        return super().get(request, run_id)
+
+
+class RunArtifactsApi(_RunCollectionApi):
     """Artifacts with their digest, size and a time-limited download grant."""
 
     class FilterSerializer(serializers.Serializer):
         trial = serializers.CharField(required=False)
 
+    def rows(self, *, run: Run, filters: dict[str, Any]) -> Any:
+        return selectors.artifact_list(run=run, trial_id=filters.get("trial"))
+
     @extend_schema(parameters=[FilterSerializer], responses={200: dict})
     def get(self, request: Request, run_id: str) -> Response:
+        return super().get(request, run_id)
+
+    def render(self, rows: list[Any], request: Request) -> list[dict[str, Any]]:
         from apps.objects.services import object_read_grant
 
-        filters = self.FilterSerializer(data=request.query_params)
-        filters.is_valid(raise_exception=True)
-        run = selectors.run_get(org=request.auth.org, run_id=run_id)
-        paginator = OldestFirstPagination()
-        qs = selectors.artifact_list(run=run, trial_id=filters.validated_data.get("trial"))
-        page = paginator.paginate_queryset(qs, request, view=self)
         items = []
-        for artifact in page:
+        for artifact in rows:
             grant = object_read_grant(org=request.auth.org, sha256=artifact.sha256)
             items.append(
                 {
@@ -412,4 +433,4 @@ class RunArtifactsApi(APIView):
                     },
                 }
             )
-        return paginator.get_paginated_response(items)
+        return items
