@@ -15,6 +15,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -78,7 +79,8 @@ def main() -> None:
     }
 
     port = free_port()
-    env = dict(os.environ, SYNTH_CELERY_EAGER="false")
+    # Persistent database connections, as a production gateway runs.
+    env = dict(os.environ, SYNTH_CELERY_EAGER="false", SYNTH_DB_CONN_MAX_AGE="60")
     server = subprocess.Popen(
         [
             str(ROOT / ".venv/bin/gunicorn"),
@@ -110,12 +112,16 @@ def main() -> None:
         headers = {"Authorization": f"Bearer {secret}"}
         latencies: list[float] = []
 
+        local = threading.local()
+
         def submit(i: int) -> int:
-            with httpx.Client(base_url=base, headers=headers, timeout=60) as client:
-                t0 = time.perf_counter()
-                resp = client.post("/api/runs", json=body, headers={"Idempotency-Key": f"{stamp}-{i}"})
-                latencies.append(time.perf_counter() - t0)
-                return resp.status_code
+            # One keep-alive client per thread: the figure is the server's, not TCP set-up's.
+            if not hasattr(local, "client"):
+                local.client = httpx.Client(base_url=base, headers=headers, timeout=60)
+            t0 = time.perf_counter()
+            resp = local.client.post("/api/runs", json=body, headers={"Idempotency-Key": f"{stamp}-{i}"})
+            latencies.append(time.perf_counter() - t0)
+            return resp.status_code
 
         submit(-1)  # warm up
         latencies.clear()
