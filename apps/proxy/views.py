@@ -25,6 +25,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.core.exceptions import RequestDataTooBig
 from django.db import OperationalError as DatabaseOperationalError
+from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.http.request import RawPostDataException
 from django.views.decorators.csrf import csrf_exempt
@@ -45,6 +46,46 @@ from apps.proxy.errors import (
 from apps.proxy.models import Delivery
 
 logger = logging.getLogger(__name__)
+
+
+def _db(fn: Any) -> Any:
+    """`fn` (a short database phase) off the event loop, its connection given back at once.
+
+    A call spends most of its life sampling and streaming; holding a PostgreSQL connection
+    for all of it made 200 concurrent streams exhaust the server's connections. Each phase
+    (authenticate, resolve, stage, settle) now opens and closes its own, so connections
+    scale with phases in flight, not with streams open.
+    """
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if not connection.in_atomic_block:
+                connection.close()
+
+    blocking = sync_to_async(run)
+
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        # Bounded: a burst of calls waits its turn instead of exceeding the database's
+        # connection limit (which would fail calls rather than slow them).
+        async with _db_slots():
+            return await blocking(*args, **kwargs)
+
+    return call
+
+
+_DB_SLOTS = int(os.environ.get("SYNTH_PROXY_DB_SLOTS", "32"))
+_db_semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def _db_slots() -> asyncio.Semaphore:
+    """One semaphore per event loop (a semaphore must not cross loops: tests run several)."""
+    loop = asyncio.get_running_loop()
+    semaphore = _db_semaphores.get(loop)
+    if semaphore is None:
+        semaphore = _db_semaphores[loop] = asyncio.Semaphore(_DB_SLOTS)
+    return semaphore
 
 MAX_BODY_BYTES = 32 * 1024 * 1024  # Anthropic's limit for Messages and count_tokens
 # Seconds between pings while the sampler works (Claude Code aborts a stream idle 300 s).
@@ -105,7 +146,7 @@ def _decode_json(body: bytes) -> Any:
 
 
 async def _authenticate(request: HttpRequest) -> Caller:
-    return await sync_to_async(caller_authenticate)(secret=secret_from_headers(request.headers))
+    return await _db(caller_authenticate)(secret=secret_from_headers(request.headers))
 
 
 async def _parsed(request: HttpRequest, parse: Any) -> dict[str, Any]:
@@ -137,8 +178,8 @@ async def _stage_unfinished(prepared: services.Prepared, *, delivery: str, error
     """Record a call that produced no delivered answer (failed or abandoned)."""
     try:
         rec = services.capture_record(prepared=prepared, completion=None, error=error)
-        interaction = await sync_to_async(capture.interaction_stage)(rec=rec)
-        await sync_to_async(capture.interaction_settle)(interaction_id=interaction.id, delivery=delivery, error=error)
+        interaction = await _db(capture.interaction_stage)(rec=rec)
+        await _db(capture.interaction_settle)(interaction_id=interaction.id, delivery=delivery, error=error)
     except Exception:  # noqa: BLE001 - never turn a recording failure into a second error
         logger.exception("could not record an unfinished call %s", prepared.ctx.request_id)
 
@@ -153,7 +194,7 @@ async def messages_view(request: HttpRequest) -> HttpResponse:
             raise MethodNotAllowed(f"{request.method} is not allowed; use POST")
         caller = await _authenticate(request)
         body = await _parsed(request, schema.messages_request_parse)
-        ctx = await sync_to_async(services.call_context_build)(
+        ctx = await _db(services.call_context_build)(
             caller=caller, model=body["model"], headers=request.headers, request_id=request_id
         )
         ticket = pool.generation.reserve(caller=caller.key)
@@ -189,7 +230,7 @@ async def messages_view(request: HttpRequest) -> HttpResponse:
         ticket.release()
     total_ms = (time.perf_counter() - started) * 1000
     rec = services.capture_record(prepared=prepared, completion=completion, total_ms=total_ms)
-    interaction = await sync_to_async(capture.interaction_stage)(rec=rec)  # staged before the JSON goes out
+    interaction = await _db(capture.interaction_stage)(rec=rec)  # staged before the JSON goes out
     response = _CapturedResponse(
         services.message_body(message_id=message_id, prepared=prepared, completion=completion),
         json_dumps_params={"ensure_ascii": False},
@@ -250,7 +291,7 @@ async def _event_stream(
             prepared=prepared, completion=completion, total_ms=(time.perf_counter() - started) * 1000
         )
         # Shielded: a disconnect during the write must not leave a row we do not know of.
-        staging = asyncio.ensure_future(sync_to_async(capture.interaction_stage)(rec=rec))
+        staging = asyncio.ensure_future(_db(capture.interaction_stage)(rec=rec))
         try:
             interaction_id = (await asyncio.shield(staging)).id
         except Exception:  # noqa: BLE001
@@ -269,7 +310,7 @@ async def _event_stream(
             yield event
         # Resumed only once the server has sent message_stop: the response is delivered.
         outcome = (Delivery.DELIVERED, "")
-        await sync_to_async(capture.interaction_settle)(interaction_id=interaction_id, delivery=Delivery.DELIVERED)
+        await _db(capture.interaction_settle)(interaction_id=interaction_id, delivery=Delivery.DELIVERED)
     finally:
         # Reached with no outcome when the client went away (cancellation or the
         # generator being closed at a yield).
@@ -283,7 +324,7 @@ async def _event_stream(
                 except Exception:  # noqa: BLE001 - the write failed: record the call below
                     staging = None
             if interaction_id is not None:
-                await sync_to_async(capture.interaction_settle)(
+                await _db(capture.interaction_settle)(
                     interaction_id=interaction_id, delivery=Delivery.CLIENT_DISCONNECTED, error="client disconnected"
                 )
             elif task is not None and staging is None:
@@ -302,7 +343,7 @@ async def count_tokens_view(request: HttpRequest) -> HttpResponse:
             raise MethodNotAllowed(f"{request.method} is not allowed; use POST")
         caller = await _authenticate(request)
         body = await _parsed(request, schema.count_tokens_request_parse)
-        ctx = await sync_to_async(services.call_context_build)(
+        ctx = await _db(services.call_context_build)(
             caller=caller, model=body["model"], headers=request.headers, request_id=request_id
         )
         async with pool.counting.reserve(caller=caller.key):
@@ -332,7 +373,7 @@ async def models_view(request: HttpRequest) -> HttpResponse:
         if request.method != "GET":
             raise MethodNotAllowed(f"{request.method} is not allowed; use GET")
         caller = await _authenticate(request)
-        routes = await sync_to_async(services.routes_for_caller)(caller=caller)
+        routes = await _db(services.routes_for_caller)(caller=caller)
     except Exception as exc:  # noqa: BLE001
         return _reject(exc, request_id)
     data = [_model_dict(r) for r in routes]
@@ -354,7 +395,7 @@ async def model_detail_view(request: HttpRequest, model_id: str) -> HttpResponse
         if request.method != "GET":
             raise MethodNotAllowed(f"{request.method} is not allowed; use GET")
         caller = await _authenticate(request)
-        routes = await sync_to_async(services.routes_for_caller)(caller=caller)
+        routes = await _db(services.routes_for_caller)(caller=caller)
         route = next((r for r in routes if r.name == model_id), None)
         if route is None:
             raise NotFound(f"model: {model_id}")
