@@ -1,6 +1,6 @@
 """Family name -> adapter class, and cached adapters with their provisioned tokenizers.
 
-Adapter engineers add their classes to ADAPTERS. Aliases (deepseek-r1, glm-4.6) resolve to the
+Each family module's adapter class is listed in ADAPTERS. Aliases (deepseek-r1, glm-4.6) resolve to the
 tokenizer family in apps.proxy.tokenizers but may map to their own adapter class here.
 """
 
