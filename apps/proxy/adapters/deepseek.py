@@ -82,6 +82,7 @@ from apps.proxy.adapters.template_base import (
     assistant_message,
     text_block,
     thinking_block,
+    tool_calls_scan,
 )
 
 BOS = "<｜begin▁of▁sentence｜>"
@@ -240,38 +241,21 @@ class DeepSeekAdapter(TemplateAdapter):
         end = text.find(CALLS_END, start)
         section = text[start + len(CALLS_BEGIN) : len(text) if end == -1 else end]
         after = "" if end == -1 else text[end + len(CALLS_END) :]
-        calls = 0
-        pos = 0
-        index = 0
-        while True:
-            begin = section.find(CALL_BEGIN, pos)
-            if begin == -1:
-                stray = section[pos:]
-                if stray.strip():
-                    errors.append(f"unexpected text in the tool-call section: {stray[:80]!r}")
-                    blocks.append(text_block(stray))
-                break
-            if section[pos:begin].strip():
-                errors.append(f"unexpected text in the tool-call section: {section[pos:begin][:80]!r}")
-                blocks.append(text_block(section[pos:begin]))
-            close = section.find(CALL_END, begin)
-            raw = section[begin : len(section) if close == -1 else close + len(CALL_END)]
-            if close == -1 and not stopped:
-                call, error = None, "tool call not closed (output truncated)"
-            else:
-                call, error = self._parse_one(section[begin + len(CALL_BEGIN) : len(section) if close == -1 else close])
-            if call is None:
-                errors.append(f"tool call {index}: {error}")
-                blocks.append(text_block(raw))
-            else:
-                blocks.append(
-                    {"type": "tool_use", "id": self._tool_use_id(digest, index), "name": call[0], "input": call[1]}
-                )
-                calls += 1
-            index += 1
-            if close == -1:
-                break
-            pos = close + len(CALL_END)
+        calls = tool_calls_scan(
+            section=section,
+            call_begin=CALL_BEGIN,
+            call_end=CALL_END,
+            stopped=stopped,
+            parse_one=self._parse_one,
+            to_block=lambda index, call: {
+                "type": "tool_use",
+                "id": self._tool_use_id(digest, index),
+                "name": call[0],
+                "input": call[1],
+            },
+            blocks=blocks,
+            errors=errors,
+        )
         if end == -1 and calls and not stopped:
             errors.append("tool-call section not closed (output truncated)")
         if after.strip():

@@ -28,7 +28,7 @@ import threading
 from abc import abstractmethod
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,6 +192,50 @@ def assistant_message(blocks: list[dict[str, Any]]) -> dict[str, Any]:
     """Parsed blocks as the template message the next request will carry for them."""
     messages, _tools = to_chat_messages({"messages": [{"role": "assistant", "content": blocks}]})
     return messages[0] if messages else {"role": "assistant", "content": "", "reasoning_content": ""}
+
+
+def tool_calls_scan(
+    *,
+    section: str,
+    call_begin: str,
+    call_end: str,
+    stopped: bool,
+    parse_one: Callable[[str], tuple[Any, str | None]],
+    to_block: Callable[[int, Any], dict[str, Any]],
+    blocks: list[dict[str, Any]],
+    errors: list[str],
+) -> int:
+    """Walk a tool-call section (the text between the family's section markers) and append
+    its blocks: each well-formed call through `to_block(index, parsed)`; stray text, an
+    unparsable call or one cut off by max_tokens as a text block plus an error, never an
+    exception. Returns the number of calls parsed."""
+    calls = pos = index = 0
+    while True:
+        begin = section.find(call_begin, pos)
+        if begin == -1:
+            if section[pos:].strip():
+                errors.append(f"unexpected text in the tool-call section: {section[pos:][:80]!r}")
+                blocks.append(text_block(section[pos:]))
+            return calls
+        if section[pos:begin].strip():
+            errors.append(f"unexpected text in the tool-call section: {section[pos:begin][:80]!r}")
+            blocks.append(text_block(section[pos:begin]))
+        close = section.find(call_end, begin)
+        raw = section[begin : len(section) if close == -1 else close + len(call_end)]
+        if close == -1 and not stopped:
+            call, error = None, "tool call not closed (output truncated)"
+        else:
+            call, error = parse_one(section[begin + len(call_begin) : len(section) if close == -1 else close])
+        if call is None:
+            errors.append(f"tool call {index}: {error}")
+            blocks.append(text_block(raw))
+        else:
+            blocks.append(to_block(index, call))
+            calls += 1
+        index += 1
+        if close == -1:
+            return calls
+        pos = close + len(call_end)
 
 
 def text_block(text: str) -> dict[str, Any]:
