@@ -612,20 +612,7 @@ class Qwen3Adapter(_QwenBase):
                     )
                 )
             elif role == "tool":
-                # Consecutive tool messages share one user turn.
-                opens = index == 0 or messages[index - 1]["role"] != "tool"
-                closes = index == n - 1 or messages[index + 1]["role"] != "tool"
-                piece = (
-                    ("<|im_start|>user" if opens else "")
-                    + "\n<tool_response>\n"
-                    + m["content"]
-                    + "\n</tool_response>"
-                    + (IM_END + "\n" if closes else "")
-                )
-                if opens:
-                    chunks.append(piece)
-                else:
-                    chunks[-1] = str(chunks[-1]) + piece
+                _tool_response_append(chunks, messages=messages, index=index)
         if add_generation_prompt:
             chunks.append(ASSISTANT_HEADER if enable_thinking else ASSISTANT_HEADER + "<think>\n\n</think>\n\n")
         return chunks
@@ -682,19 +669,25 @@ class Qwen25Adapter(_QwenBase):
                     )
                 )
             elif role == "tool":
-                opens = index == 0 or messages[index - 1]["role"] != "tool"
-                closes = index == n - 1 or messages[index + 1]["role"] != "tool"
-                piece = (
-                    ("<|im_start|>user" if opens else "")
-                    + "\n<tool_response>\n"
-                    + m["content"]
-                    + "\n</tool_response>"
-                    + (IM_END + "\n" if closes else "")
-                )
-                if opens:
-                    chunks.append(piece)
-                else:
-                    chunks[-1] = str(chunks[-1]) + piece
+                _tool_response_append(chunks, messages=messages, index=index)
         if add_generation_prompt:
             chunks.append(ASSISTANT_HEADER)
         return chunks
+
+
+def _tool_response_append(chunks: list[Any], *, messages: list[dict[str, Any]], index: int) -> None:
+    """Qwen's templates put consecutive tool messages into one user turn, each wrapped in
+    <tool_response>; the turn opens with the first and closes after the last."""
+    opens = index == 0 or messages[index - 1]["role"] != "tool"
+    closes = index == len(messages) - 1 or messages[index + 1]["role"] != "tool"
+    piece = (
+        ("<|im_start|>user" if opens else "")
+        + "\n<tool_response>\n"
+        + messages[index]["content"]
+        + "\n</tool_response>"
+        + (IM_END + "\n" if closes else "")
+    )
+    if opens:
+        chunks.append(piece)
+    else:
+        chunks[-1] = str(chunks[-1]) + piece
