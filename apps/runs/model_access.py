@@ -23,9 +23,13 @@ sandbox exists.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import os
+import shutil
 import socket
 import stat
+import tempfile
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -149,6 +153,32 @@ def claude_code_binary() -> Path | None:
     return configured.resolve()
 
 
+def staged_for_sandbox(*, path: Path) -> Path:
+    """``path``, or a world-readable copy of it when the sandbox's uid cannot reach it.
+
+    The sandbox binds the executable while running as an unprivileged uid, so every
+    directory above the file must be searchable by others. A checkout inside a private
+    directory (mode 0700, as ``mktemp -d`` makes) is not; rather than ask operators to
+    loosen their home or CI directories, copy the file once into the system temp dir
+    (keyed by path, size and mtime; written aside and renamed, so concurrent workers agree).
+    """
+    if _readable_by_others(path) is None:
+        return path
+    info = path.stat()
+    key = hashlib.sha256(f"{path}:{info.st_size}:{info.st_mtime_ns}".encode()).hexdigest()[:16]
+    folder = Path(tempfile.gettempdir()) / "synth-sandbox-bin" / key
+    target = folder / path.name
+    if not target.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        for directory in (folder.parent, folder):
+            directory.chmod(0o755)
+        partial = folder / f".{path.name}.{os.getpid()}.part"
+        shutil.copyfile(path, partial)
+        partial.chmod(0o755)
+        os.replace(partial, target)
+    return target
+
+
 def claude_code_check(*, path: Path) -> None:
     """Raise ModelAccessError unless ``path`` can run inside a sandbox."""
     with path.open("rb") as fh:
@@ -158,7 +188,7 @@ def claude_code_check(*, path: Path) -> None:
             f"Claude Code at {path} is not a native executable (did its npm postinstall run? "
             "`npm ci` in the repository root installs it); the sandbox binds one file and has no node_modules"
         )
-    problem = _readable_by_others(path)
+    problem = _readable_by_others(staged_for_sandbox(path=path))
     if problem:
         raise ModelAccessError(
             f"Claude Code cannot be bound into the sandbox, whose uid is unprivileged: {problem}. "
@@ -225,6 +255,7 @@ def model_access_open(*, trial: Trial, recipe: dict[str, Any]) -> ModelAccess | 
     if claude is not None:
         try:
             claude_code_check(path=claude)
+            claude = staged_for_sandbox(path=claude)
         except ModelAccessError:
             if engine == "claude-code":
                 raise
