@@ -34,6 +34,7 @@ train_app = SynthTyper(
     epilog=(
         "Examples:\n\n"
         "  synth train start --dataset team/examples@v1 --actor @examples/agent.json --plan @train-plan.json\n\n"
+        "  synth run updates RUN_ID\n\n"
         "  synth run checkpoints RUN_ID"
     ),
 )
@@ -435,9 +436,11 @@ def trials_command(
 
 @run_app.command("checkpoints")
 def checkpoints_command(run_id: Annotated[str, typer.Argument(metavar="RUN_ID")], json_output: JsonOpt = False) -> None:
-    """List the checkpoints a training run saved.
+    """List the checkpoints a training run saved, one per applied update.
 
-    --json prints a JSON array of the server's checkpoint objects.
+    Use one as a model with {"model": {"checkpoint": "ckpt_..."}} in agent.json, or
+    `synth claude --model ckpt_...`. --json prints a JSON array of the server's checkpoint
+    objects (id, step, route, snapshot, digest, size, milestone, parent, model, created_at).
     """
     ui = Ui(json_mode=json_output)
     with api_open() as api, ui.status(f"Fetching checkpoints of {run_id}..."):
@@ -445,7 +448,38 @@ def checkpoints_command(run_id: Annotated[str, typer.Argument(metavar="RUN_ID")]
     if json_output:
         ui.emit_json(checkpoints)
         return
-    _render_items(ui, checkpoints, ["id", "step", "kind", "digest", "created_at"], empty="no checkpoints yet")
+    _render_items(
+        ui, checkpoints, ["id", "step", "route", "digest", "milestone", "created_at"], empty="no checkpoints yet"
+    )
+
+
+@run_app.command("updates")
+def updates_command(run_id: Annotated[str, typer.Argument(metavar="RUN_ID")], json_output: JsonOpt = False) -> None:
+    """List a training run's learning updates: status, data used, reward and loss per step.
+
+    --json prints a JSON array of the server's update objects (with per-group details).
+    """
+    ui = Ui(json_mode=json_output)
+    with api_open() as api, ui.status(f"Fetching updates of {run_id}..."):
+        updates = run_collection(api, run_id, "updates")
+    if json_output:
+        ui.emit_json(updates)
+        return
+    rows = [
+        {
+            "step": u["step"],
+            "status": u["status"],
+            "datums": u["datums"],
+            "tokens": u["sampled_tokens"],
+            "reward": u["metrics"].get("reward_mean"),
+            "loss": u["metrics"].get("loss_sum"),
+            "checkpoint": u["checkpoint"],
+        }
+        for u in updates
+    ]
+    _render_items(
+        ui, rows, ["step", "status", "datums", "tokens", "reward", "loss", "checkpoint"], empty="no updates yet"
+    )
 
 
 def _artifact_grant(artifact: dict[str, Any]) -> tuple[str, str] | None:

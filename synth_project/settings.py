@@ -254,6 +254,8 @@ SYNTH_ARTIFACT_MAX_BYTES = env_int("SYNTH_ARTIFACT_MAX_BYTES", 64 * 1024 * 1024)
 # ------------------------------------------------------------------------------
 # Tokenizers built offline from pinned packages (manage.py provision_tokenizers).
 SYNTH_TOKENIZER_DIR = Path(os.environ.get("SYNTH_TOKENIZER_DIR") or VAR_DIR / "tokenizers")
+# Model weights packages (checkpoints' LoRA adapters) unpacked from the object store, by digest.
+SYNTH_WEIGHTS_CACHE_DIR = Path(os.environ.get("SYNTH_WEIGHTS_CACHE_DIR") or VAR_DIR / "weights")
 # Where operators' harnesses (synth claude) reach the proxy; the gateway serves /v1 too.
 SYNTH_PROXY_PUBLIC_URL = os.environ.get("SYNTH_PROXY_PUBLIC_URL", "").rstrip("/") or None
 # The proxy serves the Anthropic endpoints on this Unix socket (uvicorn --uds); trials
@@ -267,3 +269,13 @@ SYNTH_MODEL_CREDENTIAL_MARGIN_SECONDS = env_int("SYNTH_MODEL_CREDENTIAL_MARGIN_S
 # The Claude Code executable bound read-only into local sandboxes (as /synth/bin/claude).
 # Default: the repository's node_modules/.bin/claude (deploy/setup.sh runs npm ci).
 SYNTH_CLAUDE_CODE_BIN = os.environ.get("SYNTH_CLAUDE_CODE_BIN") or str(BASE_DIR / "node_modules" / ".bin" / "claude")
+
+# TRAINING
+# ------------------------------------------------------------------------------
+# Scratch space of the local training backend (saved adapters before they are packed).
+SYNTH_TRAINING_DIR = Path(os.environ.get("SYNTH_TRAINING_DIR") or VAR_DIR / "training")
+# How a {"checkpoint": "ckpt_..."} model binding becomes a route and a sampler snapshot.
+# A dotted path, not an import: runs and the proxy must not depend on the training app.
+SYNTH_CHECKPOINT_RESOLVER = os.environ.get(
+    "SYNTH_CHECKPOINT_RESOLVER", "apps.training.selectors.checkpoint_binding_resolve"
+)

@@ -16,5 +16,6 @@ urlpatterns = [
     path("api/", include("apps.profiles.urls")),
     path("api/", include("apps.runs.urls")),
     path("api/", include("apps.proxy.api_urls")),
+    path("api/", include("apps.training.urls")),
     path("v1/", include("apps.proxy.urls")),
 ]

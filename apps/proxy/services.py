@@ -11,6 +11,7 @@ read HTTP, call these functions and write HTTP/SSE.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
@@ -18,6 +19,7 @@ import secrets
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -136,25 +138,40 @@ def sampler_config(*, route: ModelRoute, snapshot: str) -> dict[str, Any]:
     """The route's sampler config, pointed at the snapshot an attempt is bound to.
 
     "" or "base" is the route as configured. Otherwise the snapshot names weights for the
-    backend: a Tinker sampler path (model_path) or a local LoRA adapter directory
-    (adapter_dir). Other backends serve only their configured snapshot.
+    backend: a Tinker sampler path (``tinker://...``, as model_path), or a LoRA adapter for
+    a local route: a training run's package in the object store (``object:sha256:<hex>``,
+    unpacked once into SYNTH_WEIGHTS_CACHE_DIR) or a directory. Other backends serve only
+    their configured snapshot. May read the object store: call it off the event loop.
     """
+    from apps.objects.packages import package_materialize, snapshot_sha256
+
     config = dict(route.sampler_config or {})
     if snapshot in ("", "base"):
         return config
-    if route.sampler_backend == "tinker":
+    if route.sampler_backend == "tinker" and snapshot.startswith("tinker://"):
         return {**config, "model_path": snapshot}
-    if route.sampler_backend == "local" and not config.get("tiny"):
-        return {**config, "adapter_dir": snapshot}
+    if route.sampler_backend == "local":
+        try:
+            digest = snapshot_sha256(snapshot)
+        except ValueError as exc:
+            raise ApiError(str(exc)) from exc
+        if digest is not None:
+            directory = package_materialize(sha256=digest, cache_dir=Path(settings.SYNTH_WEIGHTS_CACHE_DIR))
+            return {**config, "adapter_dir": str(directory)}
+        if snapshot.startswith("/"):
+            return {**config, "adapter_dir": snapshot}
     raise ApiError(f"model route {route.name!r} ({route.sampler_backend}) cannot serve snapshot {snapshot!r}")
 
 
-async def sampler_get(*, route: ModelRoute, snapshot: str) -> Sampler:
-    from apps.proxy.samplers.factory import sampler_build_async
+def _sampler_for(route: ModelRoute, snapshot: str) -> Sampler:
+    from apps.proxy.samplers.factory import sampler_build
 
-    return await sampler_build_async(
-        backend=route.sampler_backend, config=sampler_config(route=route, snapshot=snapshot)
-    )
+    return sampler_build(backend=route.sampler_backend, config=sampler_config(route=route, snapshot=snapshot))
+
+
+async def sampler_get(*, route: ModelRoute, snapshot: str) -> Sampler:
+    # Off the event loop: unpacking weights and loading a model both block.
+    return await asyncio.to_thread(_sampler_for, route, snapshot)
 
 
 # PROMPT
@@ -598,30 +615,40 @@ def route_upsert(
 
 
 def interactive_credential_issue(*, org: Any, user: Any, model: str, ttl: Any) -> dict[str, Any]:
-    """Issue an interactive session's model credential: one route, this organization, `ttl`.
+    """Issue an interactive session's model credential: one route (or one checkpoint of this
+    organization, served by its route with its weights), this organization, `ttl`.
 
-    `model` is a route name or alias. Checkpoints arrive with training: until then naming
-    one is a clear 400.
+    `model` is a route name or alias, or a checkpoint id (``ckpt_...``).
     """
     import uuid
 
-    from django.conf import settings
+    from django.utils.module_loading import import_string
 
     from apps.accounts.services import model_credential_issue
-    from apps.core.errors import NotFound, ValidationFailed
+    from apps.core.errors import NotFound
 
+    snapshot = ""
+    checkpoint = None
     if model.startswith("ckpt_"):
-        raise ValidationFailed("checkpoints as models arrive with training; name a model route", field="model")
-    route = selectors.route_resolve(name=model)
+        # Checkpoints belong to the training app; the proxy reaches them through the
+        # configured resolver rather than importing it.
+        binding = import_string(settings.SYNTH_CHECKPOINT_RESOLVER)(org=org, checkpoint_id=model)
+        if binding is None:
+            raise NotFound(f"checkpoint {model} not found", field="model")
+        checkpoint, snapshot = binding["checkpoint"], binding["snapshot"]
+        route = selectors.route_resolve(name=binding["route"])
+    else:
+        route = selectors.route_resolve(name=model)
     if route is None or not route.inference_enabled:
         raise NotFound(f"no model route {model!r}", field="model")
     session = f"session-{uuid.uuid4().hex[:16]}"
     cred, secret = model_credential_issue(
-        org=org, run_id="interactive", trial_id=session, route=route.name, snapshot="", ttl=ttl
+        org=org, run_id="interactive", trial_id=session, route=route.name, snapshot=snapshot, ttl=ttl
     )
     return {
         "credential": secret,
         "route": route.name,
+        "checkpoint": checkpoint,
         "family": route.family,
         "base_url": getattr(settings, "SYNTH_PROXY_PUBLIC_URL", None) or settings.SYNTH_PUBLIC_URL,
         "session": session,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,8 @@ from django.db.models import Max
 from django.utils import timezone
 
 from apps.accounts.models import WorkerIdentity
+from apps.datasets.models import TaskVersion
+from apps.runs import signals
 from apps.runs.evaluation import group_summarize, run_summarize
 from apps.runs.models import (
     TRIAL_TERMINAL,
@@ -53,29 +56,16 @@ def run_dispatch(*, run_id: str) -> int:
         plan = spec.plan
         now = timezone.now()
         if run.kind == RunKind.TRAIN:
-            # Training drives its own batches through these services (training issue).
-            run.status = RunStatus.FAILED
-            run.error = "train runs need the training service, which this deployment does not have yet"
-            run.finished_at = now
-            run.save(update_fields=["status", "error", "finished_at", "updated_at"])
-            event_append(run_id=run.id, type="run.failed", data={"error": run.error})
-            return 0
+            return _train_run_start(run=run, now=now)
         attempts = plan.get("attempts_per_task", 1)
         patterns = plan.get("task_names") or []
-        groups: list[SamplingGroup] = []
-        trials: list[Trial] = []
         entries = spec.dataset_version.entries.select_related("task_version").order_by("position")
-        for entry in entries.iterator(chunk_size=500):  # paged over the dataset version
-            tv = entry.task_version
-            if patterns and not any(fnmatch.fnmatchcase(tv.name, p) for p in patterns):
-                continue
-            group = SamplingGroup(
-                run=run, position=entry.position, task_version=tv, attempts=attempts, sampler=spec.model_binding
-            )
-            groups.append(group)
-            trials.extend(Trial(run=run, group=group, attempt=i, task_version=tv) for i in range(attempts))
-        SamplingGroup.objects.bulk_create(groups, batch_size=500)
-        Trial.objects.bulk_create(trials, batch_size=1000)
+        selected = (
+            (entry.position, entry.task_version)
+            for entry in entries.iterator(chunk_size=500)  # paged over the dataset version
+            if not patterns or any(fnmatch.fnmatchcase(entry.task_version.name, p) for p in patterns)
+        )
+        groups, trials = _groups_build(run=run, step=0, tasks=selected, attempts=attempts, sampler=spec.model_binding)
         run.status = RunStatus.RUNNING
         run.started_at = run.started_at or now
         run.save(update_fields=["status", "started_at", "updated_at"])
@@ -85,6 +75,73 @@ def run_dispatch(*, run_id: str) -> int:
         else:
             transaction.on_commit(lambda: trials_enqueue(run_id=run.id))
     return len(trials)
+
+
+def _groups_build(
+    *, run: Run, step: int, tasks: Iterable[tuple[int, TaskVersion]], attempts: int, sampler: dict[str, Any]
+) -> tuple[list[SamplingGroup], list[Trial]]:
+    groups: list[SamplingGroup] = []
+    trials: list[Trial] = []
+    for position, task_version in tasks:
+        group = SamplingGroup(
+            run=run, step=step, position=position, task_version=task_version, attempts=attempts, sampler=sampler
+        )
+        groups.append(group)
+        trials.extend(Trial(run=run, group=group, attempt=i, task_version=task_version) for i in range(attempts))
+    SamplingGroup.objects.bulk_create(groups, batch_size=500)
+    Trial.objects.bulk_create(trials, batch_size=1000)
+    return groups, trials
+
+
+def _train_run_start(*, run: Run, now: Any) -> int:
+    """A train run's batches are made by its learner (the training app), which hears of the
+    run through a signal; without a learner installed the run fails clearly."""
+    if not signals.train_run_started.has_listeners():
+        run.status = RunStatus.FAILED
+        run.error = "train runs need the training app, which this deployment does not have installed"
+        run.finished_at = now
+        run.save(update_fields=["status", "error", "finished_at", "updated_at"])
+        event_append(run_id=run.id, type="run.failed", data={"error": run.error})
+        return 0
+    run.status = RunStatus.RUNNING
+    run.started_at = run.started_at or now
+    run.save(update_fields=["status", "started_at", "updated_at"])
+    event_append(run_id=run.id, type="run.started", data={"kind": "train"})
+    run_id = run.id
+    transaction.on_commit(lambda: signals.train_run_started.send(sender=Run, run_id=run_id))
+    return 0
+
+
+def batch_add(
+    *, run_id: str, step: int, tasks: list[tuple[int, TaskVersion]], attempts: int, sampler: dict[str, Any]
+) -> list[SamplingGroup]:
+    """Add one batch of sampling groups to a running run (a train run's next step) and
+    start its trials. Returns [] if the run is no longer running or the step exists."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update(of=("self",)).get(pk=run_id)
+        if run.status != RunStatus.RUNNING or run.groups.filter(step=step).exists():
+            return []
+        groups, trials = _groups_build(run=run, step=step, tasks=tasks, attempts=attempts, sampler=sampler)
+        event_append(
+            run_id=run.id,
+            type="batch.started",
+            data={"step": step, "groups": len(groups), "trials": len(trials), "sampler": sampler},
+        )
+        transaction.on_commit(lambda: trials_enqueue(run_id=run_id))
+    return groups
+
+
+def run_complete(*, run_id: str, error: str = "", extra_summary: dict[str, Any] | None = None) -> bool:
+    """End a run whose trials have all ended (a train run, by its learner): succeeded, or
+    failed with ``error``; cancelled if a cancel was requested. False if already ended."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update(of=("self",)).get(pk=run_id)
+        if run.is_terminal:
+            return False
+        if run.trials.exclude(status__in=TRIAL_TERMINAL).exists():
+            raise ValueError(f"run {run_id} still has trials running")
+        _run_finalize(run=run, error=error, extra_summary=extra_summary)
+    return True
 
 
 def trials_enqueue(*, run_id: str) -> list[str]:
@@ -231,22 +288,31 @@ def _trial_settle(
         group.summary = group_summarize(trials=list(group.trials.all()))
         group.save(update_fields=["status", "settled_at", "summary"])
         event_append(run_id=run.id, type="group.settled", data={"group": group.id, **group.summary})
+        run_id, group_id, step = run.id, group.id, group.step
+        transaction.on_commit(
+            lambda: signals.group_settled.send(sender=SamplingGroup, run_id=run_id, group_id=group_id, step=step)
+        )
     elif group.status == GroupStatus.PENDING:
         group.status = GroupStatus.RUNNING
         group.save(update_fields=["status"])
     if not run.trials.exclude(status__in=TRIAL_TERMINAL).exists() and not run.is_terminal:
-        _run_finalize(run=run)
+        # A train run ends when its learner says so (after the last update), unless cancelled.
+        if run.kind != RunKind.TRAIN or run.cancel_requested_at is not None:
+            _run_finalize(run=run)
 
 
 def _trial_cancel(*, run: Run, trial: Trial, why: str) -> None:
     _trial_settle(run=run, trial=trial, status=TrialStatus.CANCELLED, error_type="Cancelled", error_message=why)
 
 
-def _run_finalize(*, run: Run) -> None:
+def _run_finalize(*, run: Run, error: str = "", extra_summary: dict[str, Any] | None = None) -> None:
     trials = list(run.trials.select_related("task_version"))
-    run.summary = run_summarize(trials=trials, scored=run.kind != RunKind.EXECUTE)
+    run.summary = {**run_summarize(trials=trials, scored=run.kind != RunKind.EXECUTE), **(extra_summary or {})}
     if run.cancel_requested_at is not None:
         run.status = RunStatus.CANCELLED
+    elif error:
+        run.status = RunStatus.FAILED
+        run.error = error
     elif trials and all(t.status in (TrialStatus.FAILED, TrialStatus.LOST) for t in trials):
         run.status = RunStatus.FAILED
         run.error = "every trial failed"
@@ -264,6 +330,10 @@ def run_cancel_trials(*, run: Run) -> None:
         _trial_cancel(run=run, trial=trial, why="the run was cancelled before this trial started")
         if run.is_terminal:  # the last pending trial settled the run
             return
+    # Nothing running on a run that execution expanded (a train run between batches): end it
+    # now. A run leased whole through the worker API has no groups; its holder ends it.
+    if not run.is_terminal and run.groups.exists() and not run.trials.exclude(status__in=TRIAL_TERMINAL).exists():
+        _run_finalize(run=run)
 
 
 def trial_lease_lapsed(*, run: Run, lease: Lease) -> bool:

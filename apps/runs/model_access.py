@@ -16,7 +16,7 @@ secret (``Bindings.credential``); the sandbox gets ``model_socket`` (the bridge 
 bound read-only at ``/synth/bin/claude`` with ``/synth/bin`` first on PATH. When the trial
 ends, however it ends, the worker revokes the credential (:func:`model_access_close`).
 
-A failure here (unknown route, a checkpoint binding, no bridge, proxy down, Claude Code not
+A failure here (unknown route, an unresolved checkpoint binding, no bridge, proxy down, Claude Code not
 installed) is a :class:`ModelAccessError`: the trial fails with its message before any
 sandbox exists.
 """
@@ -223,11 +223,9 @@ def model_access_open(*, trial: Trial, recipe: dict[str, Any]) -> ModelAccess | 
     binding = trial_model_binding(trial=trial)
     if not binding or engine in MODEL_FREE_ENGINES:
         return None
-    if binding.get("checkpoint"):
-        raise ModelAccessError(
-            f"the recipe binds checkpoint {binding['checkpoint']!r}, but checkpoints cannot be served yet "
-            "(they arrive with training); bind a model route instead"
-        )
+    if binding.get("checkpoint") and not binding.get("snapshot"):
+        # Pinned bindings of checkpoints carry their route and snapshot (apps.runs.bindings).
+        raise ModelAccessError(f"the checkpoint binding {binding!r} was not resolved to a route and snapshot")
     route_name = binding.get("route")
     if not route_name:
         raise ModelAccessError(f"the model binding {binding!r} names no route")

@@ -113,6 +113,7 @@ PLAN_SCHEMAS: dict[str, dict[str, Any]] = {
                 "default": "importance_sampling",
             },
             "save_every": {"type": "integer", "minimum": 1, "default": 5},
+            "seed": {"type": "integer", "minimum": 0, "default": 0, "description": "LoRA initialisation seed"},
             "eligibility": {
                 "type": "object",
                 "additionalProperties": False,

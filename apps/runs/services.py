@@ -24,6 +24,7 @@ from apps.core.errors import Conflict, NotFound, StaleLease, ValidationFailed
 from apps.datasets.services import dataset_version_resolve
 from apps.profiles.models import ProfileVersion
 from apps.profiles.selectors import profile_version_get, profile_version_recipe
+from apps.runs.bindings import model_binding_resolve
 from apps.runs.models import (
     TERMINAL_STATUSES,
     Lease,
@@ -174,7 +175,7 @@ def run_submit(
     actor = _resolve_profile(org=org, ref=ProfileRef(**request["actor"]), field="actor")
     judge = _resolve_profile(org=org, ref=ProfileRef(**request["judge"]), field="judge") if request["judge"] else None
     recipe = profile_version_recipe(profile_version=actor)
-    model_binding = recipe.get("model") or {}
+    model_binding = model_binding_resolve(org=org, binding=recipe.get("model") or {})
 
     try:
         with transaction.atomic():

@@ -1,1 +1,111 @@
-# Models arrive with this app's issue.
+"""Training state, learning updates and checkpoints.
+
+A train run samples batches of sampling groups against a sampler snapshot; when every
+group of a batch has settled, one learning update turns their assessed attempts into
+datums, takes an optimizer step and saves a checkpoint, which the next batch samples from.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+from apps.accounts.models import Organization
+from apps.core.ids import PrefixedIdField
+
+
+class TrainerStatus(models.TextChoices):
+    SAMPLING = "sampling"  # the current step's groups are running
+    UPDATING = "updating"  # the step's update is being computed
+    BLOCKED = "blocked"  # an update was left unresolved: automatic continuation stops
+    DONE = "done"
+    FAILED = "failed"
+
+
+class Trainer(models.Model):
+    """The learning state of one train run: where it is, what it samples from, its cursor."""
+
+    run = models.OneToOneField("runs.Run", primary_key=True, on_delete=models.CASCADE, related_name="trainer")
+    backend = models.CharField(max_length=16)
+    route = models.CharField(max_length=100, help_text="the base model route being trained")
+    base_model = models.CharField(max_length=300, help_text="the backend's name for the base model")
+    step = models.PositiveIntegerField(default=0, help_text="the step whose batch is sampling (or updating)")
+    dataset_cursor = models.PositiveIntegerField(default=0, help_text="tasks consumed so far, across epochs")
+    sampler = models.JSONField(help_text="the model binding the current batch samples from")
+    state_path = models.CharField(max_length=500, blank=True, help_text="last saved trainer state (to resume)")
+    status = models.CharField(max_length=16, choices=TrainerStatus.choices, default=TrainerStatus.SAMPLING)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"trainer of {self.run_id} (step {self.step}, {self.status})"
+
+
+class UpdateStatus(models.TextChoices):
+    PENDING = "pending"  # gathering data
+    UNRESOLVED = "unresolved"  # optimizer step submitted, not yet confirmed saved
+    APPLIED = "applied"  # weights changed and a checkpoint saved
+    SKIPPED = "skipped"  # the batch gave no learning signal; weights unchanged
+    FAILED = "failed"
+
+
+class LearningUpdate(models.Model):
+    """One optimizer step of a train run, with what went into it and what it measured."""
+
+    id = PrefixedIdField(prefix="upd")
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="learning_updates")
+    step = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=UpdateStatus.choices, default=UpdateStatus.PENDING)
+    sampler = models.JSONField(help_text="the binding the batch was sampled from")
+    groups = models.JSONField(default=list, blank=True, help_text="per group: qualified, rewards, skipped reason")
+    datums = models.PositiveIntegerField(default=0)
+    sampled_tokens = models.PositiveIntegerField(default=0, help_text="tokens with an advantage (trained on)")
+    metrics = models.JSONField(default=dict, blank=True)
+    checkpoint = models.OneToOneField(
+        "training.Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="update"
+    )
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "step"]
+        constraints = [models.UniqueConstraint(fields=["run", "step"], name="learningupdate_unique_step")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} step {self.step} ({self.status})"
+
+
+class Checkpoint(models.Model):
+    """Weights a train run produced, usable as a model binding ``{"checkpoint": "ckpt_..."}``.
+
+    `snapshot` is what the proxy samples from (an object-store package of a LoRA adapter,
+    ``object:sha256:<hex>``, or a ``tinker://`` sampler path); `state_path` resumes training.
+    """
+
+    id = PrefixedIdField(prefix="ckpt")
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="checkpoints")
+    run = models.ForeignKey("runs.Run", on_delete=models.PROTECT, related_name="checkpoints")
+    step = models.PositiveIntegerField(help_text="the number of updates in these weights")
+    backend = models.CharField(max_length=16)
+    route = models.CharField(max_length=100, help_text="the base model route these weights adapt")
+    base_model = models.CharField(max_length=300)
+    lora_rank = models.PositiveIntegerField()
+    snapshot = models.CharField(max_length=500, help_text="sampler weights the proxy serves")
+    state_path = models.CharField(max_length=500, blank=True, help_text="trainer state (weights + optimizer)")
+    sha256 = models.CharField(max_length=64, blank=True, help_text="of the stored adapter package (local)")
+    size = models.BigIntegerField(null=True, blank=True)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
+    milestone = models.BooleanField(
+        default=False, help_text="saved at a multiple of the plan's save_every, or the run's last step"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "step"]
+        constraints = [models.UniqueConstraint(fields=["run", "step"], name="checkpoint_unique_step")]
+
+    def binding(self) -> dict[str, str]:
+        """The model binding that samples from these weights."""
+        return {"checkpoint": self.id, "route": self.route, "snapshot": self.snapshot}
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.run_id} step {self.step})"

@@ -168,7 +168,6 @@ def test_credential_is_scoped_to_the_trial_and_its_route_and_revoked(alice, tmp_
     ("change", "message"),
     [
         ({"model": {"route": "no-such-route"}}, "model route 'no-such-route' does not exist"),
-        ({"model": {"checkpoint": "ckpt_abc"}}, "checkpoints cannot be served yet"),
     ],
 )
 def test_an_unusable_binding_is_refused_before_any_credential(

@@ -19,7 +19,9 @@ Errors the proxy maps to HTTP statuses live here too (the backends import them):
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
+from collections import OrderedDict
 from typing import Any
 
 from apps.proxy.samplers.base import Sampler
@@ -48,7 +50,11 @@ _ALLOWED_KEYS: dict[str, set[str]] = {
     "instant": {"token_ids"},
 }
 
-_cache: dict[tuple[str, Any], Sampler] = {}
+_cache: OrderedDict[tuple[str, Any], Sampler] = OrderedDict()
+# Samplers with a LoRA adapter (one per checkpoint a training run produced) are many and
+# short-lived in use: keep the most recently used few. An evicted sampler is only dropped
+# from the cache, never closed, so a request still holding it finishes normally.
+MAX_ADAPTER_SAMPLERS = int(os.environ.get("SYNTH_PROXY_MAX_ADAPTER_SAMPLERS", "4"))
 _key_locks: dict[tuple[str, Any], threading.Lock] = {}
 _cache_lock = threading.Lock()
 
@@ -70,10 +76,13 @@ def _create(backend: str, config: dict[str, Any]) -> Sampler:
         from apps.proxy.samplers.local import LocalTorchSampler
 
         if config.get("tiny"):
-            if "model_dir" in config or "adapter_dir" in config:
-                raise ValueError("local config: tiny=true excludes model_dir/adapter_dir")
+            if "model_dir" in config:
+                raise ValueError("local config: tiny=true excludes model_dir")
             return LocalTorchSampler.tiny(
-                family=config.get("family", "qwen3"), seed=int(config.get("seed", 0)), device=config.get("device")
+                family=config.get("family", "qwen3"),
+                seed=int(config.get("seed", 0)),
+                device=config.get("device"),
+                adapter_dir=config.get("adapter_dir"),
             )
         if not config.get("model_dir"):
             raise ValueError('local config needs {"tiny": true, "family": ...} or {"model_dir": ...}')
@@ -124,6 +133,7 @@ def sampler_build(*, backend: str, config: dict[str, Any]) -> Sampler:
     with _cache_lock:
         sampler = _cache.get(key)
         if sampler is not None:
+            _cache.move_to_end(key)
             return sampler
         key_lock = _key_locks.setdefault(key, threading.Lock())
     # Build outside the global lock (a model load takes seconds) but once per key: a second
@@ -135,7 +145,15 @@ def sampler_build(*, backend: str, config: dict[str, Any]) -> Sampler:
             sampler = _create(backend, dict(config))
             with _cache_lock:
                 _cache[key] = sampler
+                _adapters_evict()
     return sampler
+
+
+def _adapters_evict() -> None:
+    with_adapter = [k for k in _cache if any(item[0] == "adapter_dir" for item in k[1])]
+    for key in with_adapter[: max(0, len(with_adapter) - MAX_ADAPTER_SAMPLERS)]:
+        del _cache[key]
+        _key_locks.pop(key, None)
 
 
 async def sampler_build_async(*, backend: str, config: dict[str, Any]) -> Sampler:

@@ -105,6 +105,17 @@ def dir_digest(path: str | os.PathLike[str]) -> str:
     return "sha256:" + digest.hexdigest()
 
 
+def _with_adapter(model: Any, adapter_dir: str | os.PathLike[str]) -> tuple[Any, str]:
+    """``model`` with the PEFT LoRA adapter in ``adapter_dir``, and the adapter's digest."""
+    from peft import PeftModel
+
+    adapter_path = Path(adapter_dir)
+    if not (adapter_path / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"{adapter_path} is not a PEFT adapter directory (no adapter_config.json)")
+    # Kept unmerged: the logits are then computed exactly as the trainer computes them.
+    return PeftModel.from_pretrained(model, adapter_path, is_trainable=False), dir_digest(adapter_path)
+
+
 def _output_cache(out: Any) -> Any:
     cache = getattr(out, "cache", None)
     return cache if cache is not None else out.past_key_values
@@ -169,14 +180,24 @@ class LocalTorchSampler(Sampler):
     # -- construction ---------------------------------------------------------------------
 
     @classmethod
-    def tiny(cls, *, family: str = "qwen3", seed: int = 0, device: str | None = None) -> LocalTorchSampler:
+    def tiny(
+        cls,
+        *,
+        family: str = "qwen3",
+        seed: int = 0,
+        device: str | None = None,
+        adapter_dir: str | os.PathLike[str] | None = None,
+    ) -> LocalTorchSampler:
+        """The tiny model, plus optionally a LoRA adapter trained on it (a local training
+        run's checkpoint)."""
         model = tiny_model_build(family=family, seed=seed)
-        return cls(
-            model=model,
-            name=f"tiny-random-{family}-v{model.config.vocab_size}-seed{seed}",
-            device=device,
-            extra_snapshot={"family": family, "seed": seed},
-        )
+        name = f"tiny-random-{family}-v{model.config.vocab_size}-seed{seed}"
+        extra: dict[str, Any] = {"family": family, "seed": seed}
+        adapter = None
+        if adapter_dir is not None:
+            model, adapter = _with_adapter(model, adapter_dir)
+            extra["adapter_dir"] = str(Path(adapter_dir).resolve())
+        return cls(model=model, name=name, adapter=adapter, device=device, extra_snapshot=extra)
 
     @classmethod
     def from_dir(
@@ -204,15 +225,8 @@ class LocalTorchSampler(Sampler):
         adapter = None
         extra: dict[str, Any] = {"model_dir": str(model_path.resolve())}
         if adapter_dir is not None:
-            from peft import PeftModel
-
-            adapter_path = Path(adapter_dir)
-            if not (adapter_path / "adapter_config.json").is_file():
-                raise FileNotFoundError(f"{adapter_path} is not a PEFT adapter directory (no adapter_config.json)")
-            # Kept unmerged: the logits are then computed exactly as the trainer computes them.
-            model = PeftModel.from_pretrained(model, adapter_path, is_trainable=False)
-            adapter = dir_digest(adapter_path)
-            extra["adapter_dir"] = str(adapter_path.resolve())
+            model, adapter = _with_adapter(model, adapter_dir)
+            extra["adapter_dir"] = str(Path(adapter_dir).resolve())
         return cls(model=model, name=dir_digest(model_path), adapter=adapter, device=target, extra_snapshot=extra)
 
     # -- sampling -------------------------------------------------------------------------

@@ -1,0 +1,84 @@
+"""Control API for learning: a train run's updates and checkpoints, and one checkpoint
+with its lineage (thin: a selector, a page, a render)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.core.pagination import OldestFirstPagination
+from apps.training import selectors
+from apps.training.models import Checkpoint, LearningUpdate
+
+
+def checkpoint_dict(checkpoint: Checkpoint) -> dict[str, Any]:
+    return {
+        "id": checkpoint.id,
+        "run": checkpoint.run_id,
+        "step": checkpoint.step,
+        "backend": checkpoint.backend,
+        "route": checkpoint.route,
+        "base_model": checkpoint.base_model,
+        "lora_rank": checkpoint.lora_rank,
+        "snapshot": checkpoint.snapshot,
+        "digest": f"sha256:{checkpoint.sha256}" if checkpoint.sha256 else None,
+        "size": checkpoint.size,
+        "has_state": bool(checkpoint.state_path),
+        "milestone": checkpoint.milestone,
+        "parent": checkpoint.parent_id,
+        # What to put in a recipe to use these weights.
+        "model": {"checkpoint": checkpoint.id},
+        "created_at": checkpoint.created_at,
+    }
+
+
+def update_dict(update: LearningUpdate) -> dict[str, Any]:
+    return {
+        "id": update.id,
+        "run": update.run_id,
+        "step": update.step,
+        "status": update.status,
+        "sampler": update.sampler,
+        "groups": update.groups,
+        "datums": update.datums,
+        "sampled_tokens": update.sampled_tokens,
+        "metrics": update.metrics,
+        "checkpoint": update.checkpoint_id,
+        "error": update.error or None,
+        "created_at": update.created_at,
+        "finished_at": update.finished_at,
+    }
+
+
+class _PagedApi(APIView):
+    def page(self, request: Request, rows: Any, render: Any) -> Response:
+        paginator = OldestFirstPagination()
+        page = paginator.paginate_queryset(rows, request, view=self)
+        return paginator.get_paginated_response([render(row) for row in page])
+
+
+class RunUpdatesApi(_PagedApi):
+    @extend_schema(responses={200: dict}, description="Learning updates of a train run, by step.")
+    def get(self, request: Request, run_id: str) -> Response:
+        return self.page(request, selectors.run_updates(org=request.auth.org, run_id=run_id), update_dict)
+
+
+class RunCheckpointsApi(_PagedApi):
+    @extend_schema(responses={200: dict}, description="Checkpoints a train run saved, by step.")
+    def get(self, request: Request, run_id: str) -> Response:
+        return self.page(request, selectors.run_checkpoints(org=request.auth.org, run_id=run_id), checkpoint_dict)
+
+
+class CheckpointDetailApi(APIView):
+    @extend_schema(
+        responses={200: dict},
+        description="A checkpoint with its lineage: producing run and update, ancestors, runs that selected "
+        "it, and the sampling groups sampled against it.",
+    )
+    def get(self, request: Request, checkpoint_id: str) -> Response:
+        checkpoint = selectors.checkpoint_get(org=request.auth.org, checkpoint_id=checkpoint_id)
+        return Response({**checkpoint_dict(checkpoint), "lineage": selectors.checkpoint_lineage(checkpoint=checkpoint)})

@@ -1,0 +1,68 @@
+"""Training backends: the Tinker service, or PyTorch + PEFT in this process.
+
+Both are reached through the subset of the ``tinker`` SDK surface the training service
+uses, with the SDK's own names and wire types (``tinker.types``):
+
+    service = backend_service(backend="local"|"tinker", route=..., root=...)
+    trainer = service.create_lora_training_client(base_model, rank=.., seed=..).result()
+    trainer = service.create_training_client_from_state_with_optimizer(path).result()
+    trainer.forward_backward(datums, "importance_sampling").result()
+    trainer.optim_step(types.AdamParams(...)).result()
+    trainer.save_weights_for_sampler(name).result().path   # what the proxy samples from
+    trainer.save_state(name).result().path                 # weights + optimizer, to resume
+
+``tinker.ServiceClient`` is that surface already; ``local.LocalServiceClient`` mirrors it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+BACKENDS = ("local", "tinker")
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot be used here (no API key, wrong route kind); retrying will not help."""
+
+
+def base_model_name(*, backend: str, route: Any) -> str:
+    """The name the backend knows the route's base model by."""
+    config = route.sampler_config or {}
+    if backend == "tinker":
+        name = config.get("base_model")
+        if not name:
+            raise BackendUnavailable(
+                f"model route {route.name!r} has no tinker base_model; train on a route whose sampler is tinker"
+            )
+        return name
+    return route.name
+
+
+def backend_service(*, backend: str, route: Any, root: Path) -> Any:
+    """A ServiceClient-shaped object for ``backend`` and the route being trained."""
+    if backend == "local":
+        if route.sampler_backend != "local":
+            raise BackendUnavailable(
+                f"the local backend trains routes served by the local sampler; {route.name!r} is served by "
+                f"{route.sampler_backend!r}"
+            )
+        from apps.training.backends.local import LocalServiceClient
+
+        spec = {k: v for k, v in (route.sampler_config or {}).items() if k in ("tiny", "family", "seed", "model_dir")}
+        return LocalServiceClient(spec=spec, root=root)
+    if backend == "tinker":
+        if route.sampler_backend != "tinker":
+            raise BackendUnavailable(
+                f"the tinker backend trains routes served by the tinker sampler; {route.name!r} is served by "
+                f"{route.sampler_backend!r}"
+            )
+        env = (route.sampler_config or {}).get("api_key_env", "TINKER_API_KEY")
+        key = os.environ.get(env)
+        if not key:
+            raise BackendUnavailable(f"the tinker backend needs an API key in ${env}; it is not set")
+        import tinker
+
+        return tinker.ServiceClient(api_key=key)
+    raise BackendUnavailable(f"unknown training backend {backend!r}; known: {', '.join(BACKENDS)}")

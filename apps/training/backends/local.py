@@ -1,0 +1,255 @@
+"""The local training backend: PyTorch + PEFT LoRA in this process (CPU, or a GPU if present).
+
+It has the call shapes of ``tinker.ServiceClient`` / ``TrainingClient`` for the calls the
+training service makes, returns ``tinker.types`` objects wrapped in tinker's own
+``AwaitableConcurrentFuture``, and keeps Tinker's semantics where they matter:
+
+* a training client runs its operations on ONE thread, in submission order;
+* gradients accumulate across ``forward_backward`` calls until ``optim_step``;
+* losses are sums over tokens, not means; ``metrics["loss:sum"]`` carries the total;
+* AdamW with Tinker's defaults (beta2 0.95, no weight decay);
+* ``importance_sampling``: ratio = exp(trainer logprob - sampler logprob), loss = -sum(ratio *
+  advantage); ``ppo`` clips the ratio; ``cross_entropy`` uses ``weights``.
+
+The base model is built exactly as the proxy's local sampler builds it for the same route
+(the tiny real-vocabulary model, or a checkpoint directory), so a LoRA adapter saved here
+loads there unchanged and the sampler's logprobs are the trainer's.
+
+Paths are ``local://<absolute directory>``; the training service packs a saved directory
+into the object store and unpacks it again to resume.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import threading
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from tinker import types
+from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
+
+LOCAL_SCHEME = "local://"
+META_FILE = "synth-trainer.json"
+OPTIMIZER_FILE = "optimizer.pt"
+# Adapted projection names of the decoder architectures the local backend trains (Qwen3,
+# Llama-like). The unembedding is tied to the embedding in the tiny model; leave it frozen.
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def path_dir(path: str) -> Path:
+    if not path.startswith(LOCAL_SCHEME):
+        raise ValueError(f"not a local trainer path: {path!r}")
+    return Path(path[len(LOCAL_SCHEME) :])
+
+
+def base_model_build(*, spec: dict[str, Any]) -> Any:
+    """The frozen base model for a local route's sampler config (``tiny`` or ``model_dir``)."""
+    from apps.proxy.samplers.local import tiny_model_build
+
+    if spec.get("tiny"):
+        return tiny_model_build(family=spec.get("family", "qwen3"), seed=int(spec.get("seed", 0)))
+    if spec.get("model_dir"):
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32, local_files_only=True)
+    raise ValueError('a local base model needs {"tiny": true, ...} or {"model_dir": ...}')
+
+
+def _future(fn: Any, executor: cf.Executor, *args: Any) -> AwaitableConcurrentFuture:
+    return AwaitableConcurrentFuture(executor.submit(fn, *args))
+
+
+def _done(value: Any) -> AwaitableConcurrentFuture:
+    future: cf.Future = cf.Future()
+    future.set_result(value)
+    return AwaitableConcurrentFuture(future)
+
+
+def _selected_logprobs(model: Any, input_ids: list[int], targets: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities of ``targets`` at the positions ``keep`` (a bool mask over targets).
+
+    Only the kept positions go through the unembedding: with a 150K-token vocabulary the full
+    logits of a long prompt would cost gigabytes, and observation positions carry no gradient.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    ids = torch.tensor([input_ids], dtype=torch.long, device=base.device)
+    hidden = base.model(input_ids=ids).last_hidden_state[0]  # LoRA layers are active inside
+    positions = keep.nonzero(as_tuple=True)[0].to(hidden.device)
+    logits = base.lm_head(hidden.index_select(0, positions)).float()
+    chosen = targets.to(hidden.device).index_select(0, positions)
+    return torch.log_softmax(logits, dim=-1).gather(-1, chosen[:, None])[:, 0]
+
+
+class LocalTrainingClient:
+    """Duck-types ``tinker.TrainingClient`` for forward_backward / optim_step / saves."""
+
+    def __init__(self, *, model: Any, spec: dict[str, Any], rank: int, root: Path, optimizer_state: Any = None):
+        self.model_id = f"local-{uuid.uuid4().hex[:12]}"
+        self._model = model
+        self._spec = dict(spec)
+        self._rank = rank
+        self._root = root
+        self._executor = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"trainer-{self.model_id}")
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._optimizer = torch.optim.AdamW(self._params, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+        if optimizer_state is not None:
+            self._optimizer.load_state_dict(optimizer_state)
+        self._lock = threading.Lock()
+
+    def get_info(self) -> types.GetInfoResponse:
+        return types.GetInfoResponse(
+            model_id=self.model_id,
+            is_lora=True,
+            lora_rank=self._rank,
+            model_data=types.ModelData(arch="local", model_name=json.dumps(self._spec, sort_keys=True)),
+        )
+
+    # -- training -------------------------------------------------------------------------
+
+    def forward_backward(
+        self, data: list[types.Datum], loss_fn: str, loss_fn_config: Mapping[str, float | str] | None = None
+    ) -> AwaitableConcurrentFuture:
+        return _future(self._run, self._executor, data, loss_fn, dict(loss_fn_config or {}), True)
+
+    def forward(
+        self, data: list[types.Datum], loss_fn: str, loss_fn_config: Mapping[str, float | str] | None = None
+    ) -> AwaitableConcurrentFuture:
+        """The loss and logprobs without gradients (nothing accumulates)."""
+        return _future(self._run, self._executor, data, loss_fn, dict(loss_fn_config or {}), False)
+
+    def _run(self, data: list[types.Datum], loss_fn: str, config: dict[str, Any], backward: bool):
+        self._model.train(backward)
+        outputs: list[dict[str, types.TensorData]] = []
+        total = 0.0
+        with self._lock, torch.set_grad_enabled(backward):
+            for datum in data:
+                inputs = datum.loss_fn_inputs
+                targets = inputs["target_tokens"].to_torch().long()
+                if loss_fn == "cross_entropy":
+                    weights = inputs["weights"].to_torch().float()
+                    keep = weights != 0
+                    if not keep.any():
+                        outputs.append({"logprobs": types.TensorData.from_torch(torch.zeros(len(targets)))})
+                        continue
+                    lp = _selected_logprobs(self._model, datum.model_input.to_ints(), targets, keep)
+                    loss = -(lp * weights[keep]).sum()
+                elif loss_fn in ("importance_sampling", "ppo"):
+                    advantages = inputs["advantages"].to_torch().float()
+                    keep = advantages != 0
+                    if not keep.any():
+                        outputs.append({"logprobs": types.TensorData.from_torch(torch.zeros(len(targets)))})
+                        continue
+                    lp = _selected_logprobs(self._model, datum.model_input.to_ints(), targets, keep)
+                    ratio = torch.exp(lp - inputs["logprobs"].to_torch().float()[keep])
+                    adv = advantages[keep]
+                    if loss_fn == "ppo":
+                        low = float(config.get("clip_low_threshold", 0.8))
+                        high = float(config.get("clip_high_threshold", 1.2))
+                        objective = torch.minimum(ratio * adv, torch.clamp(ratio, low, high) * adv)
+                    else:
+                        objective = ratio * adv
+                    loss = -objective.sum()
+                else:
+                    raise ValueError(f"loss_fn {loss_fn!r} is not available in the local backend")
+                if backward:
+                    loss.backward()  # accumulates until optim_step, as Tinker does
+                total += float(loss.detach())
+                full = torch.zeros(len(targets))
+                full[keep] = lp.detach().float().cpu()
+                outputs.append({"logprobs": types.TensorData.from_torch(full)})
+        return types.ForwardBackwardOutput(
+            loss_fn_output_type="TorchLossReturn", loss_fn_outputs=outputs, metrics={"loss:sum": total}
+        )
+
+    def optim_step(self, optim_params: types.AdamParams) -> AwaitableConcurrentFuture:
+        return _future(self._optim_step, self._executor, optim_params)
+
+    def _optim_step(self, params: types.AdamParams) -> types.OptimStepResponse:
+        with self._lock:
+            for group in self._optimizer.param_groups:
+                group.update(
+                    lr=params.learning_rate,
+                    betas=(params.beta1, params.beta2),
+                    eps=params.eps,
+                    weight_decay=params.weight_decay,
+                )
+            limit = params.grad_clip_norm if params.grad_clip_norm > 0 else float("inf")
+            norm = torch.nn.utils.clip_grad_norm_(self._params, limit)
+            self._optimizer.step()
+            self._optimizer.zero_grad(set_to_none=True)
+        return types.OptimStepResponse(metrics={"optim/grad_norm": float(norm)})
+
+    # -- saves (tinker://<run>/weights|sampler_weights/<name> becomes local://<dir>) ----------
+
+    def _save(self, kind: str, name: str, with_optimizer: bool) -> str:
+        directory = self._root / self.model_id / kind / name
+        with self._lock:
+            self._model.save_pretrained(directory)
+            if with_optimizer:
+                torch.save(self._optimizer.state_dict(), directory / OPTIMIZER_FILE)
+            (directory / META_FILE).write_text(json.dumps({"base": self._spec, "rank": self._rank}, sort_keys=True))
+        return f"{LOCAL_SCHEME}{directory}"
+
+    def save_state(self, name: str, ttl_seconds: int | None = None) -> AwaitableConcurrentFuture:
+        return _future(lambda: types.SaveWeightsResponse(path=self._save("weights", name, True)), self._executor)
+
+    def save_weights_for_sampler(self, name: str, ttl_seconds: int | None = None) -> AwaitableConcurrentFuture:
+        return _future(
+            lambda: types.SaveWeightsForSamplerResponse(path=self._save("sampler_weights", name, False)),
+            self._executor,
+        )
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+
+class LocalServiceClient:
+    """Duck-types ``tinker.ServiceClient`` for creating and resuming training clients."""
+
+    def __init__(self, *, spec: dict[str, Any], root: Path, targets: tuple[str, ...] = DEFAULT_TARGETS) -> None:
+        self._spec = dict(spec)
+        self._root = Path(root)
+        self._targets = targets
+
+    def create_lora_training_client(
+        self, base_model: str, rank: int = 32, seed: int | None = None, **_: Any
+    ) -> AwaitableConcurrentFuture:
+        from peft import LoraConfig, get_peft_model
+
+        base = base_model_build(spec=self._spec)
+        # LoRA's B matrices start at zero, so step 0 samples exactly the base model; the seed
+        # fixes the A matrices (and thus the first update) for a reproducible run.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed if seed is not None else 0)
+            model = get_peft_model(
+                base, LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, target_modules=list(self._targets))
+            )
+        return _done(LocalTrainingClient(model=model, spec=self._spec, rank=rank, root=self._root))
+
+    def create_training_client_from_state_with_optimizer(self, path: str, **_: Any) -> AwaitableConcurrentFuture:
+        return self._from_state(path, with_optimizer=True)
+
+    def create_training_client_from_state(self, path: str, **_: Any) -> AwaitableConcurrentFuture:
+        return self._from_state(path, with_optimizer=False)
+
+    def _from_state(self, path: str, *, with_optimizer: bool) -> AwaitableConcurrentFuture:
+        from peft import PeftModel
+
+        directory = path_dir(path)
+        meta = json.loads((directory / META_FILE).read_text())
+        if meta["base"] != self._spec:
+            raise ValueError(f"the state at {path} was trained on {meta['base']}, not on {self._spec}")
+        model = PeftModel.from_pretrained(base_model_build(spec=self._spec), directory, is_trainable=True)
+        state = None
+        if with_optimizer:
+            state = torch.load(directory / OPTIMIZER_FILE, weights_only=True)
+        return _done(
+            LocalTrainingClient(
+                model=model, spec=self._spec, rank=int(meta["rank"]), root=self._root, optimizer_state=state
+            )
+        )

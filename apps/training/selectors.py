@@ -1,0 +1,69 @@
+"""Reads of training state, scoped by organization."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+
+from apps.accounts.models import Organization
+from apps.core.errors import NotFound
+from apps.runs.models import Run, RunSpec, SamplingGroup
+from apps.training.models import Checkpoint, LearningUpdate
+
+
+def _run_get(*, org: Organization, run_id: str) -> Run:
+    run = Run.objects.filter(org=org, pk=run_id).first()
+    if run is None:
+        raise NotFound(f"run {run_id} not found")
+    return run
+
+
+def run_updates(*, org: Organization, run_id: str) -> QuerySet[LearningUpdate]:
+    run = _run_get(org=org, run_id=run_id)
+    return LearningUpdate.objects.filter(run=run).select_related("checkpoint")
+
+
+def run_checkpoints(*, org: Organization, run_id: str) -> QuerySet[Checkpoint]:
+    run = _run_get(org=org, run_id=run_id)
+    return Checkpoint.objects.filter(run=run)
+
+
+def checkpoint_get(*, org: Organization, checkpoint_id: str) -> Checkpoint:
+    checkpoint = Checkpoint.objects.filter(org=org, pk=checkpoint_id).select_related("parent").first()
+    if checkpoint is None:
+        raise NotFound(f"checkpoint {checkpoint_id} not found")
+    return checkpoint
+
+
+def checkpoint_lineage(*, checkpoint: Checkpoint) -> dict[str, Any]:
+    """Where a checkpoint came from and where it went: its producing run and update, its
+    ancestors, the runs whose spec selected it, and the groups sampled against it."""
+    ancestors = []
+    parent = checkpoint.parent
+    while parent is not None:
+        ancestors.append({"id": parent.id, "run": parent.run_id, "step": parent.step})
+        parent = parent.parent
+    selected_by = list(
+        RunSpec.objects.filter(run__org=checkpoint.org_id, model_binding__checkpoint=checkpoint.id)
+        .order_by("run_id")
+        .values_list("run_id", flat=True)
+    )
+    groups = list(
+        SamplingGroup.objects.filter(run__org=checkpoint.org_id, sampler__checkpoint=checkpoint.id)
+        .order_by("id")
+        .values("id", "run_id", "step")
+    )
+    update = LearningUpdate.objects.filter(checkpoint=checkpoint).values_list("id", flat=True).first()
+    return {
+        "produced_by": {"run": checkpoint.run_id, "step": checkpoint.step, "update": update},
+        "ancestors": ancestors,
+        "selected_by_runs": selected_by,
+        "sampled_groups": [{"id": g["id"], "run": g["run_id"], "step": g["step"]} for g in groups],
+    }
+
+
+def checkpoint_binding_resolve(*, org: Organization, checkpoint_id: str) -> dict[str, str] | None:
+    """The model binding of one of ``org``'s checkpoints, or None (SYNTH_CHECKPOINT_RESOLVER)."""
+    checkpoint = Checkpoint.objects.filter(org=org, pk=checkpoint_id).first()
+    return checkpoint.binding() if checkpoint is not None else None
