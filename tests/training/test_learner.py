@@ -78,7 +78,7 @@ def test_batches_walk_the_dataset_and_updates_without_signal_are_skipped(alice):
         "steps": 2,
         "applied": 0,
         "skipped": 2,
-        "reward_by_step": [None, None],
+        "reward_by_step": [0.5, 0.5],
         "checkpoints": [],
         "final_checkpoint": None,
     }
