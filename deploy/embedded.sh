@@ -2,13 +2,16 @@
 # The main job on the embedded default: SQLite, Celery's filesystem broker, a filesystem
 # object store, the local bubblewrap sandbox. Starts the platform (gateway, model proxy on
 # a Unix socket, one worker for every queue) in the background, imports the example
-# dataset, evaluates it with the oracle agent through the `synth` CLI, and shows the result.
+# dataset, evaluates it with the oracle agent through the `synth` CLI, shows the result, then
+# trains the default model route for a few steps on examples/train-tasks and lists the
+# learning updates and checkpoints.
 #
 #   bash deploy/embedded.sh          # set-up, start, run the evaluation, leave it running
 #   bash deploy/embedded.sh stop     # stop the background processes
 #
 # Environment: SYNTH_PORT (8000), SYNTH_VAR_DIR (var/), SYNTH_DEMO_ACTOR (examples/oracle-agent.json;
-# examples/agent.json runs Claude Code against the default model route through the proxy).
+# examples/agent.json runs Claude Code against the default model route through the proxy),
+# SYNTH_DEMO_TRAIN (1; 0 skips the training run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -99,6 +102,21 @@ $SYNTH run events "$RUN" --follow || true
 echo "== result"
 $SYNTH run show "$RUN"
 $SYNTH run trials "$RUN"
+
+if [ "${SYNTH_DEMO_TRAIN:-1}" = 1 ]; then
+  # A short training run: synth-mini attempts on the tiny default model, graded rewards,
+  # LoRA updates by the local backend; each step's batch samples the previous checkpoint.
+  echo "== training dataset"
+  $SYNTH dataset push examples/train-tasks --name demo/train-toys --version 1
+  echo "== training run"
+  TRAIN=$($SYNTH train start --dataset demo/train-toys@1 --actor @examples/train-agent.json \
+    --plan @examples/train-plan-tiny.json)
+  echo "$TRAIN"
+  $SYNTH run events "$TRAIN" --follow >"$LOGDIR/train-events.log" || true
+  $SYNTH run show "$TRAIN"
+  $SYNTH run updates "$TRAIN"
+  $SYNTH run checkpoints "$TRAIN"
+fi
 cat <<MSG
 
 The platform is still running:

@@ -21,7 +21,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_embedded_default_runs_the_example_evaluation(tmp_path):
+def test_embedded_default_runs_the_example_evaluation_and_training(tmp_path):
     port = _free_port()
     env = {
         k: v
@@ -52,6 +52,22 @@ def test_embedded_default_runs_the_example_evaluation(tmp_path):
         assert run["status"] == "succeeded", (run, out.stdout[-3000:])
         assert run["summary"]["mean_reward"] == 1.0
         assert len(run["summary"]["per_task"]) >= 6
+        # The training run: every step applied an update and saved a checkpoint that the
+        # next batch sampled from, all on SQLite and the filesystem broker.
+        train_id = out.stdout.split("== training run\n", 1)[1].splitlines()[0].strip()
+        assert train_id.startswith("run_"), out.stdout[-3000:]
+        checkpoints = json.loads(
+            subprocess.run(
+                [str(ROOT / ".venv/bin/synth"), "run", "checkpoints", train_id, "--json"],
+                env=env_cli,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            ).stdout
+        )
+        steps = json.loads((ROOT / "examples" / "train-plan-tiny.json").read_text())["steps"]
+        assert [c["step"] for c in checkpoints] == list(range(1, steps + 1)), out.stdout[-3000:]
+        assert all(c["parent"] == p["id"] for p, c in zip(checkpoints, checkpoints[1:], strict=False))
         assert (tmp_path / "var" / "synth.sqlite3").exists()  # it really ran on SQLite
         assert any((tmp_path / "var" / "objects").rglob("*"))  # and the filesystem object store
     finally:
