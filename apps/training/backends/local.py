@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import os
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,19 +71,48 @@ def _done(value: Any) -> AwaitableConcurrentFuture:
     return AwaitableConcurrentFuture(future)
 
 
-def _selected_logprobs(model: Any, input_ids: list[int], targets: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """Log-probabilities of ``targets`` at the positions ``keep`` (a bool mask over targets).
+# Positions unembedded at once: 512 x a 150K vocabulary is ~300 MB of float32 logits.
+UNEMBED_CHUNK = int(os.environ.get("SYNTH_TRAIN_UNEMBED_CHUNK", "512"))
 
-    Only the kept positions go through the unembedding: with a 150K-token vocabulary the full
-    logits of a long prompt would cost gigabytes, and observation positions carry no gradient.
+
+def _datum_loss(
+    model: Any,
+    input_ids: list[int],
+    targets: torch.Tensor,
+    keep: torch.Tensor,
+    token_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    *,
+    backward: bool,
+) -> tuple[float, torch.Tensor]:
+    """(summed loss, logprobs of the kept targets) for one datum; with ``backward`` the
+    gradients are accumulated into the LoRA parameters.
+
+    Only kept positions (non-zero advantage or weight) go through the unembedding, in chunks:
+    full logits of a long prompt over a 150K-token vocabulary would cost gigabytes, and
+    observation positions carry no gradient. The decoder runs forward once; each chunk's loss
+    is back-propagated to the (detached) hidden states only, and their summed gradient goes
+    back through the decoder once at the end (the chunked cross-entropy technique).
+    ``token_loss(logprobs, index)`` gives the summed loss of the kept positions ``index``.
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     ids = torch.tensor([input_ids], dtype=torch.long, device=base.device)
     hidden = base.model(input_ids=ids).last_hidden_state[0]  # LoRA layers are active inside
     positions = keep.nonzero(as_tuple=True)[0].to(hidden.device)
-    logits = base.lm_head(hidden.index_select(0, positions)).float()
     chosen = targets.to(hidden.device).index_select(0, positions)
-    return torch.log_softmax(logits, dim=-1).gather(-1, chosen[:, None])[:, 0]
+    detached = hidden.detach().requires_grad_(backward)
+    total = 0.0
+    logprobs: list[torch.Tensor] = []
+    for index in torch.arange(len(positions), device=hidden.device).split(UNEMBED_CHUNK):
+        logits = base.lm_head(detached.index_select(0, positions[index])).float()
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, chosen[index][:, None])[:, 0]
+        loss = token_loss(lp, index)
+        if backward:
+            loss.backward()  # into detached.grad only
+        total += float(loss.detach())
+        logprobs.append(lp.detach())
+    if backward and detached.grad is not None:
+        hidden.backward(detached.grad)  # accumulates until optim_step, as Tinker does
+    return total, torch.cat(logprobs) if logprobs else torch.zeros(0)
 
 
 class LocalTrainingClient:
@@ -133,34 +163,42 @@ class LocalTrainingClient:
                 if loss_fn == "cross_entropy":
                     weights = inputs["weights"].to_torch().float()
                     keep = weights != 0
-                    if not keep.any():
-                        outputs.append({"logprobs": types.TensorData.from_torch(torch.zeros(len(targets)))})
-                        continue
-                    lp = _selected_logprobs(self._model, datum.model_input.to_ints(), targets, keep)
-                    loss = -(lp * weights[keep]).sum()
+                    kept_weights = weights[keep]
+
+                    def token_loss(lp: torch.Tensor, index: torch.Tensor, w: torch.Tensor = kept_weights):
+                        return -(lp * w[index]).sum()
+
                 elif loss_fn in ("importance_sampling", "ppo"):
                     advantages = inputs["advantages"].to_torch().float()
                     keep = advantages != 0
-                    if not keep.any():
-                        outputs.append({"logprobs": types.TensorData.from_torch(torch.zeros(len(targets)))})
-                        continue
-                    lp = _selected_logprobs(self._model, datum.model_input.to_ints(), targets, keep)
-                    ratio = torch.exp(lp - inputs["logprobs"].to_torch().float()[keep])
-                    adv = advantages[keep]
-                    if loss_fn == "ppo":
-                        low = float(config.get("clip_low_threshold", 0.8))
-                        high = float(config.get("clip_high_threshold", 1.2))
-                        objective = torch.minimum(ratio * adv, torch.clamp(ratio, low, high) * adv)
-                    else:
-                        objective = ratio * adv
-                    loss = -objective.sum()
+                    kept_adv = advantages[keep]
+                    kept_sampler = inputs["logprobs"].to_torch().float()[keep]
+                    low = float(config.get("clip_low_threshold", 0.8))
+                    high = float(config.get("clip_high_threshold", 1.2))
+
+                    def token_loss(
+                        lp: torch.Tensor,
+                        index: torch.Tensor,
+                        adv: torch.Tensor = kept_adv,
+                        sampler: torch.Tensor = kept_sampler,
+                        low: float = low,
+                        high: float = high,
+                    ):
+                        ratio = torch.exp(lp - sampler[index])
+                        objective = ratio * adv[index]
+                        if loss_fn == "ppo":
+                            objective = torch.minimum(objective, torch.clamp(ratio, low, high) * adv[index])
+                        return -objective.sum()
+
                 else:
                     raise ValueError(f"loss_fn {loss_fn!r} is not available in the local backend")
-                if backward:
-                    loss.backward()  # accumulates until optim_step, as Tinker does
-                total += float(loss.detach())
                 full = torch.zeros(len(targets))
-                full[keep] = lp.detach().float().cpu()
+                if keep.any():
+                    loss, lp = _datum_loss(
+                        self._model, datum.model_input.to_ints(), targets, keep, token_loss, backward=backward
+                    )
+                    total += loss
+                    full[keep] = lp.float().cpu()
                 outputs.append({"logprobs": types.TensorData.from_torch(full)})
         return types.ForwardBackwardOutput(
             loss_fn_output_type="TorchLossReturn", loss_fn_outputs=outputs, metrics={"loss:sum": total}
