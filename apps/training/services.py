@@ -296,6 +296,7 @@ def _kl_sample_train(*, datums: list[Any], outputs: list[dict[str, Any]]) -> flo
 
 
 def _update_fail(*, update: LearningUpdate, trainer: Trainer, error: str, blocked: bool) -> None:
+    _client_forget(trainer.run_id)  # the run will not continue: free the trainer's memory
     with transaction.atomic():
         update.error = error[:20_000]
         update.finished_at = timezone.now()

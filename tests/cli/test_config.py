@@ -82,7 +82,18 @@ def test_help_reads_for_every_command(offline):
         ["run"],
         *[
             ["run", c]
-            for c in ("start", "show", "list", "events", "cancel", "trials", "artifacts", "checkpoints", "regrade")
+            for c in (
+                "start",
+                "show",
+                "list",
+                "events",
+                "cancel",
+                "trials",
+                "artifacts",
+                "checkpoints",
+                "updates",
+                "regrade",
+            )
         ],
         ["train"],
         ["train", "start"],
