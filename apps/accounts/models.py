@@ -132,6 +132,9 @@ class ModelCredential(models.Model):
     trial_id = models.CharField(max_length=40, db_index=True)
     route = models.CharField(max_length=100, help_text="model route name")
     snapshot = models.CharField(max_length=300, blank=True, help_text="sampler snapshot (base, checkpoint ...)")
+    role = models.CharField(
+        max_length=16, default="actor", help_text="actor (the attempt's agent) or judge (its assessment)"
+    )
     prefix = models.CharField(max_length=16, unique=True)
     token_hash = models.CharField(max_length=64)
     expires_at = models.DateTimeField()

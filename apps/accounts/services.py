@@ -131,8 +131,10 @@ def model_credential_issue(
     route: str,
     snapshot: str,
     ttl: timedelta,
+    role: str = "actor",
 ) -> tuple[ModelCredential, str]:
-    """A credential for one attempt's model calls: (row, secret). The secret is shown once."""
+    """A credential for one attempt's model calls (its agent's, or its judge's with
+    ``role="judge"``): (row, secret). The secret is shown once."""
     if ttl <= timedelta(0):
         raise ValueError("ttl must be positive")
     prefix = secrets.token_hex(6)
@@ -143,6 +145,7 @@ def model_credential_issue(
         trial_id=trial_id,
         route=route,
         snapshot=snapshot,
+        role=role,
         prefix=prefix,
         token_hash=token_hash(secret),
         expires_at=timezone.now() + ttl,

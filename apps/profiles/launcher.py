@@ -209,6 +209,8 @@ class LaunchPlan:
     transcript_path: str | None
     model: Mapping[str, str | None] | None
     proxy_address: str | None
+    # Where the launch's own files go: the agent's logs, or a judge's under the verifier's.
+    logs_dir: str = AGENT_LOGS_DIR
     # Not serialised, not compared, not printed: only exec_env() uses it.
     credential: str | None = field(default=None, repr=False, compare=False)
 
@@ -234,6 +236,8 @@ class LaunchPlan:
             "transcript_path": self.transcript_path,
             "model": dict(self.model) if self.model is not None else None,
             "proxy_address": self.proxy_address,
+            # Only when not the default, so that the plans (and digests) of agents stay as they were.
+            **({"logs_dir": self.logs_dir} if self.logs_dir != AGENT_LOGS_DIR else {}),
         }
 
     @classmethod
@@ -264,6 +268,7 @@ class LaunchPlan:
                 transcript_path=data["transcript_path"],
                 model=dict(data["model"]) if data["model"] is not None else None,
                 proxy_address=data["proxy_address"],
+                logs_dir=data.get("logs_dir", AGENT_LOGS_DIR),
                 credential=credential,
             )
         except (KeyError, TypeError) as exc:
@@ -410,7 +415,7 @@ def _bindings_check(bindings: Bindings) -> None:
         raise LaunchError("the credential must be non-empty visible ASCII", field="bindings.credential")
 
 
-def _platform_env(*, engine: str, bindings: Bindings) -> dict[str, str]:
+def _platform_env(*, engine: str, bindings: Bindings, logs_dir: str) -> dict[str, str]:
     env = {"SYNTH_TRIAL_ID": bindings.attempt.trial_id}
     model = bindings.model
     if model is None or engine in ("oracle", "nop"):
@@ -434,7 +439,7 @@ def _platform_env(*, engine: str, bindings: Bindings) -> dict[str, str]:
             # As root, bypassPermissions is refused unless IS_SANDBOX=1 (claude-code-observed.md).
             "IS_SANDBOX": "1",
             # Session files land with the agent's logs, which the trial collects.
-            "CLAUDE_CONFIG_DIR": f"{AGENT_LOGS_DIR}/sessions",
+            "CLAUDE_CONFIG_DIR": f"{logs_dir}/sessions",
         }
     )
     if bindings.credential is not None:
@@ -453,8 +458,11 @@ def _recipe_validate(recipe: Any) -> None:
         raise LaunchError(exc.message, field=exc.field) from None
 
 
-def launch_plan_build(*, recipe: dict[str, Any], bindings: Bindings) -> LaunchPlan:
+def launch_plan_build(*, recipe: dict[str, Any], bindings: Bindings, logs_dir: str = AGENT_LOGS_DIR) -> LaunchPlan:
     """Interpret ``recipe`` (a validated agent recipe) for one attempt; raise LaunchError naming the field.
+
+    ``logs_dir`` is where the launch's logs, transcript and bookkeeping files go: the
+    agent's logs directory, or for a judge a directory under the verifier's logs.
 
     Deterministic: the same recipe and bindings give an equal plan (and the same
     ``to_dict()`` and digest), so a stored plan shows exactly what was launched.
@@ -491,7 +499,7 @@ def launch_plan_build(*, recipe: dict[str, Any], bindings: Bindings) -> LaunchPl
         for i, a in enumerate(recipe.get("args", []))
     ]
 
-    platform = _platform_env(engine=engine, bindings=bindings)
+    platform = _platform_env(engine=engine, bindings=bindings, logs_dir=logs_dir)
     env: dict[str, str] = {}
     for name, value in recipe.get("env", {}).items():
         if name in platform or name.upper() in platform:
@@ -523,7 +531,7 @@ def launch_plan_build(*, recipe: dict[str, Any], bindings: Bindings) -> LaunchPl
     transcript_path: str | None = None
     if engine == "claude-code":
         argv = [*CLAUDE_CODE_ARGV, *args]
-        transcript_path = f"{AGENT_LOGS_DIR}/claude-code.jsonl"  # its stdout
+        transcript_path = f"{logs_dir}/claude-code.jsonl"  # its stdout
     elif engine == "synth-mini":
         for i, arg in enumerate(args):
             if any(arg == flag or arg.startswith(flag + "=") for flag in SYNTH_MINI_RESERVED_ARGS):
@@ -531,7 +539,7 @@ def launch_plan_build(*, recipe: dict[str, Any], bindings: Bindings) -> LaunchPl
                     f"args[{i}] ({arg!r}) is set by the platform for engine synth-mini", field=f"args[{i}]"
                 )
         # It writes its JSONL transcript itself (its stdout is a short summary).
-        transcript_path = f"{AGENT_LOGS_DIR}/synth-mini.jsonl"
+        transcript_path = f"{logs_dir}/synth-mini.jsonl"
         argv = [*SYNTH_MINI_ARGV, "--transcript", transcript_path, *args]
         if via == "file":
             argv += ["--instruction-file", instruction_path]
@@ -596,7 +604,7 @@ def launch_plan_build(*, recipe: dict[str, Any], bindings: Bindings) -> LaunchPl
         max_model_calls=limits.get("max_model_calls"),
         # Not in the recipe schema yet; until it is, a non-zero exit is recorded, not raised.
         fail_on_nonzero_exit=bool(limits.get("fail_on_nonzero_exit", False)),
-        log_path=f"{AGENT_LOGS_DIR}/{log_name}.txt",
+        log_path=f"{logs_dir}/{log_name}.txt",
         transcript_path=transcript_path,
         model=(
             {"name": model.name, "base_url": model.base_url, "route": model.route, "checkpoint": model.checkpoint}
@@ -604,5 +612,6 @@ def launch_plan_build(*, recipe: dict[str, Any], bindings: Bindings) -> LaunchPl
             else None
         ),
         proxy_address=bindings.proxy_address,
+        logs_dir=logs_dir,
         credential=bindings.credential,
     )

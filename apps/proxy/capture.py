@@ -96,6 +96,7 @@ class CaptureRecord:
     error: str = ""
     betas: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    role: str = "actor"
 
 
 def _payload(interaction_id: str, rec: CaptureRecord, logprobs: list[float | None]) -> dict[str, Any]:
@@ -109,6 +110,7 @@ def _payload(interaction_id: str, rec: CaptureRecord, logprobs: list[float | Non
         "session_id": rec.session_id,
         "agent_id": rec.agent_id,
         "parent_agent_id": rec.parent_agent_id,
+        "role": rec.role,
         "request_id": rec.request_id,
         "route": rec.route,
         "model_requested": rec.model_requested,
@@ -152,6 +154,7 @@ def interaction_stage(*, rec: CaptureRecord, delivery: str = Delivery.PENDING) -
         session_id=rec.session_id[:100],
         agent_id=rec.agent_id[:100],
         parent_agent_id=rec.parent_agent_id[:100],
+        role=rec.role,
         request_id=rec.request_id,
         route_id=rec.route_id,
         model_requested=rec.model_requested[:300],
@@ -185,6 +188,8 @@ def _eligibility(interaction: Interaction, delivery: str) -> tuple[str, str]:
         return Eligibility.INELIGIBLE, "the client disconnected before the response completed"
     if interaction.principal_kind != "attempt":
         return Eligibility.INELIGIBLE, "interactive session (no attempt)"
+    if interaction.role != "actor":
+        return Eligibility.INELIGIBLE, "a judge's call (it assessed the attempt)"
     return Eligibility.ELIGIBLE, ""
 
 

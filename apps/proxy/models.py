@@ -89,6 +89,7 @@ class Interaction(models.Model):
     session_id = models.CharField(max_length=100, blank=True)
     agent_id = models.CharField(max_length=100, blank=True)
     parent_agent_id = models.CharField(max_length=100, blank=True)
+    role = models.CharField(max_length=16, default="actor", help_text="actor, or judge (assessment calls)")
     request_id = models.CharField(max_length=40, blank=True)
     # What served it.
     route = models.ForeignKey(ModelRoute, on_delete=models.PROTECT, related_name="interactions")

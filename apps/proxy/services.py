@@ -491,6 +491,7 @@ def capture_record(
         org_id=ctx.caller.org.id,
         principal_kind=ctx.caller.kind,
         credential_id=ctx.caller.credential.id if ctx.caller.credential else "",
+        role=ctx.caller.credential.role if ctx.caller.credential else "actor",
         token_id=ctx.caller.token_id,
         run_id=ctx.caller.run_id,
         trial_id=ctx.caller.trial_id,

@@ -87,6 +87,7 @@ def _db_slots() -> asyncio.Semaphore:
         semaphore = _db_semaphores[loop] = asyncio.Semaphore(_DB_SLOTS)
     return semaphore
 
+
 MAX_BODY_BYTES = 32 * 1024 * 1024  # Anthropic's limit for Messages and count_tokens
 # Seconds between pings while the sampler works (Claude Code aborts a stream idle 300 s).
 PING_SECONDS = float(os.environ.get("SYNTH_PROXY_PING_SECONDS") or 10)

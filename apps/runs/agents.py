@@ -54,7 +54,7 @@ IMPORT_PATH = "apps.runs.agents:RecipeAgent"
 # Harbor treats a name containing CREDENTIAL as sensitive (redacted in config.json,
 # scrubbed from the trial directory).
 CREDENTIAL_ENV = "SYNTH_MODEL_CREDENTIAL"
-EXIT_CODE_PATH = f"{AGENT_LOGS_DIR}/exit-code.txt"
+EXIT_CODE_PATH = f"{AGENT_LOGS_DIR}/exit-code.txt"  # for an agent; a judge's are under its plan's logs_dir
 PLAN_PATH = f"{AGENT_LOGS_DIR}/launch-plan.json"
 # argument / stdin delivery read the instruction from here, so a long instruction never
 # has to fit into the `bash -c` string (one argument is limited to 128 KiB on Linux).
@@ -128,6 +128,10 @@ class RecipeAgent(BaseAgent):
             )
         self._task_dir = Path(task_dir) if task_dir is not None else None
         self._digest = self.plan.digest()
+        logs = self.plan.logs_dir
+        self._exit_code_path = f"{logs}/exit-code.txt"
+        self._plan_path = f"{logs}/launch-plan.json"
+        self._instruction_path = f"{logs}/instruction.txt"
 
     @staticmethod
     def name() -> str:
@@ -162,13 +166,13 @@ class RecipeAgent(BaseAgent):
         if plan.instruction_via == "file":
             uploads.append((plan.instruction_path, plan.instruction, "0644"))
         elif plan.instruction_via in ("argument", "stdin"):
-            uploads.append((INSTRUCTION_PATH, plan.instruction, "0644"))
-        dirs = {AGENT_LOGS_DIR, plan.workdir, *(str(Path(path).parent) for path, _, _ in uploads)}
+            uploads.append((self._instruction_path, plan.instruction, "0644"))
+        dirs = {plan.logs_dir, plan.workdir, *(str(Path(path).parent) for path, _, _ in uploads)}
         if "CLAUDE_CONFIG_DIR" in plan.env:
             dirs.add(plan.env["CLAUDE_CONFIG_DIR"])
         await self._root(environment, "mkdir -p " + " ".join(_q(d) for d in sorted(dirs)))
         await self._upload_text(
-            environment, path=PLAN_PATH, content=json.dumps(plan.to_dict(), indent=2, sort_keys=True), mode="0644"
+            environment, path=self._plan_path, content=json.dumps(plan.to_dict(), indent=2, sort_keys=True), mode="0644"
         )
         for path, content, mode in uploads:
             await self._upload_text(environment, path=path, content=content, mode=mode)
@@ -209,8 +213,8 @@ class RecipeAgent(BaseAgent):
         if plan.instruction_via == "argument":
             # The plan's last argv element is the instruction; read it from the uploaded
             # file instead of inlining it (same value, no command-line size limit).
-            argv[-1] = f'"$(cat {_q(INSTRUCTION_PATH)})"'
-        stdin = INSTRUCTION_PATH if plan.instruction_via == "stdin" else "/dev/null"
+            argv[-1] = f'"$(cat {_q(self._instruction_path)})"'
+        stdin = self._instruction_path if plan.instruction_via == "stdin" else "/dev/null"
         if plan.transcript_path and plan.engine not in _OWN_TRANSCRIPT_ENGINES:
             outputs = f"> {_q(plan.transcript_path)} 2> {_q(plan.log_path)}"
         else:
@@ -218,7 +222,7 @@ class RecipeAgent(BaseAgent):
         # stdin is never inherited: `claude --print` would wait on an open pipe.
         return (
             f"cd {_q(plan.workdir)} && {' '.join(argv)} < {_q(stdin)} {outputs}; "
-            f"rc=$?; echo $rc > {_q(EXIT_CODE_PATH)}; exit $rc"
+            f"rc=$?; echo $rc > {_q(self._exit_code_path)}; exit $rc"
         )
 
     def _argv_for_record(self) -> list[str]:

@@ -214,13 +214,18 @@ def credential_ttl(*, recipe: dict[str, Any], task_agent_timeout_sec: float | No
 # ---------------------------------------------------------------- writes
 
 
-def model_access_open(*, trial: Trial, recipe: dict[str, Any]) -> ModelAccess | None:
+def model_access_open(
+    *, trial: Trial, recipe: dict[str, Any], binding: dict[str, Any] | None = None, role: str = "actor"
+) -> ModelAccess | None:
     """Model access for ``trial``, or None when its recipe binds no model (or needs none).
 
+    ``binding`` defaults to the trial's (its group's sampler); a judge passes its own, with
+    ``role="judge"``, so that its calls are told apart from the attempt's.
     Checks everything before issuing the credential, so a refusal leaves nothing behind.
     """
     engine = (recipe.get("engine") or {}).get("name")
-    binding = trial_model_binding(trial=trial)
+    if binding is None:
+        binding = trial_model_binding(trial=trial)
     if not binding or engine in MODEL_FREE_ENGINES:
         return None
     if binding.get("checkpoint") and not binding.get("snapshot"):
@@ -270,6 +275,7 @@ def model_access_open(*, trial: Trial, recipe: dict[str, Any]) -> ModelAccess | 
         trial_id=trial.id,
         route=route.name,
         snapshot=str(binding.get("snapshot") or ""),
+        role=role,
         ttl=credential_ttl(recipe=recipe, task_agent_timeout_sec=trial.task_version.agent_timeout_sec, plan=plan),
     )
     return ModelAccess(

@@ -23,7 +23,7 @@ from django.db import close_old_connections, connections
 from apps.accounts.models import WorkerIdentity
 from apps.accounts.services import worker_get_or_create
 from apps.core.canonical import canonical_bytes
-from apps.core.errors import StaleLease
+from apps.core.errors import NotFound, StaleLease
 from apps.datasets.services import task_version_materialize
 from apps.objects.services import object_put
 from apps.runs.admission import (
@@ -36,7 +36,9 @@ from apps.runs.admission import (
     node_register,
     node_usage,
 )
+from apps.runs.bindings import model_binding_resolve
 from apps.runs.execution import TrialOutcome, trial_claim, trial_complete, trial_mark_running
+from apps.runs.judges import JUDGE_LOGS_DIR, judge_instruction
 from apps.runs.model_access import (
     ModelAccess,
     ModelAccessError,
@@ -210,21 +212,43 @@ def trial_execute(*, trial_id: str) -> None:
         )
         task_dir = task_version_materialize(task_version=trial.task_version, dest=work / "task")
         recipe = _actor_recipe(trial=trial)
+        judge = _judge_recipe(trial=trial)
+        access = judge_access = None
+        who = "actor"
         try:
             access = model_access_open(trial=trial, recipe=recipe)
-        except ModelAccessError as exc:
+            if judge is not None:
+                who = "judge"
+                judge_access = model_access_open(
+                    trial=trial, recipe=judge, binding=_judge_binding(trial=trial, recipe=judge), role="judge"
+                )
+        except (ModelAccessError, NotFound) as exc:
             # Before any sandbox exists: nothing to clean up, and the message says what to fix.
+            if access is not None:
+                model_access_close(access=access)
             trial_complete(
                 worker=worker,
                 lease=lease,
                 trial_id=trial.id,
                 outcome=TrialOutcome(
-                    status=TrialStatus.FAILED, error_type="ModelAccessError", error_message=exc.message
+                    status=TrialStatus.FAILED,
+                    error_type="ModelAccessError",
+                    error_message=f"judge: {exc.message}" if who == "judge" else exc.message,
                 ),
             )
             return
         try:
             launch_plan = trial_launch_plan(trial=trial, task_dir=task_dir, recipe=recipe, access=access)
+            judge_plan = None
+            if judge is not None:
+                judge_plan = trial_launch_plan(
+                    trial=trial,
+                    task_dir=task_dir,
+                    recipe=judge,
+                    access=judge_access,
+                    instruction=judge_instruction(instruction=launch_plan.instruction, workdir=launch_plan.workdir),
+                    logs_dir=JUDGE_LOGS_DIR,
+                )
             outcome, trial_dir = harbor_trial_run(
                 trial=trial,
                 task_dir=task_dir,
@@ -232,12 +256,15 @@ def trial_execute(*, trial_id: str) -> None:
                 launch_plan=launch_plan,
                 keeper=keeper,
                 access=access,
+                judge_plan=judge_plan,
+                judge_access=judge_access,
             )
         finally:
-            # The attempt is over (or never started): its credential must stop working now,
-            # not when it expires.
-            if access is not None:
-                model_access_close(access=access)
+            # The attempt is over (or never started): its credentials must stop working now,
+            # not when they expire.
+            for opened in (access, judge_access):
+                if opened is not None:
+                    model_access_close(access=opened)
         if keeper.lost.is_set():
             return
         artifacts_publish(trial=trial, trial_dir=trial_dir, launch_plan=launch_plan)
@@ -274,8 +301,26 @@ def _actor_recipe(*, trial: Trial) -> dict[str, Any]:
     return profile_version_recipe(profile_version=trial.run.spec.actor_version)
 
 
+def _judge_recipe(*, trial: Trial) -> dict[str, Any] | None:
+    from apps.profiles.selectors import profile_version_recipe
+
+    judge = trial.run.spec.judge_version
+    return profile_version_recipe(profile_version=judge) if judge is not None else None
+
+
+def _judge_binding(*, trial: Trial, recipe: dict[str, Any]) -> dict[str, Any]:
+    """The judge's own model binding (a checkpoint resolved in the run's organization)."""
+    return model_binding_resolve(org=trial.run.org, binding=recipe.get("model") or {}, field="judge")
+
+
 def trial_launch_plan(
-    *, trial: Trial, task_dir: Path, recipe: dict[str, Any] | None = None, access: ModelAccess | None = None
+    *,
+    trial: Trial,
+    task_dir: Path,
+    recipe: dict[str, Any] | None = None,
+    access: ModelAccess | None = None,
+    instruction: str | None = None,
+    logs_dir: str | None = None,
 ) -> Any:
     """The recipe interpreted for this attempt, by the one launcher (apps.profiles.launcher).
 
@@ -285,7 +330,14 @@ def trial_launch_plan(
     """
     from harbor.models.task.task import Task as HarborTask
 
-    from apps.profiles.launcher import AttemptBinding, Bindings, RunBinding, TaskBinding, launch_plan_build
+    from apps.profiles.launcher import (
+        AGENT_LOGS_DIR,
+        AttemptBinding,
+        Bindings,
+        RunBinding,
+        TaskBinding,
+        launch_plan_build,
+    )
 
     if recipe is None:
         recipe = _actor_recipe(trial=trial)
@@ -295,7 +347,7 @@ def trial_launch_plan(
         task=TaskBinding(
             name=tv.name,
             workdir=harbor_task.config.environment.workdir or "/app",
-            instruction=harbor_task.instruction,
+            instruction=instruction if instruction is not None else harbor_task.instruction,
             agent_timeout_sec=tv.agent_timeout_sec,
             id=tv.id,
             digest=tv.digest,
@@ -306,7 +358,7 @@ def trial_launch_plan(
         credential=access.secret if access is not None else None,
         proxy_address=f"unix:{access.socket}" if access is not None else None,
     )
-    return launch_plan_build(recipe=recipe, bindings=bindings)
+    return launch_plan_build(recipe=recipe, bindings=bindings, logs_dir=logs_dir or AGENT_LOGS_DIR)
 
 
 def _timing(info: Any) -> dict[str, Any] | None:
@@ -342,6 +394,28 @@ def _environment_config(*, plan: dict[str, Any], access: ModelAccess | None = No
     return EnvironmentConfig(type=name, **common)  # docker, daytona, modal, e2b, gke, ...
 
 
+def _verifier_config(*, trial: Trial, judge_plan: Any) -> Any:
+    from harbor.models.trial.config import VerifierConfig
+
+    from apps.runs.agents import CREDENTIAL_ENV
+    from apps.runs.judges import IMPORT_PATH as JUDGE_VERIFIER
+
+    plan = trial.run.spec.plan
+    if judge_plan is None:
+        return VerifierConfig(
+            disable=trial.run.kind == RunKind.EXECUTE, override_timeout_sec=plan.get("verifier_timeout_sec")
+        )
+    return VerifierConfig(
+        import_path=JUDGE_VERIFIER,
+        kwargs={"launch_plan": judge_plan.to_dict()},
+        # Harbor's persisted config redacts env values; kwargs would be stored in clear.
+        env={CREDENTIAL_ENV: judge_plan.credential} if judge_plan.credential else {},
+        # The judge's own deadline (its recipe's limit and setup), not the tests'.
+        override_timeout_sec=plan.get("verifier_timeout_sec")
+        or judge_plan.timeout_sec + judge_plan.setup_timeout_sec * len(judge_plan.setup) + 60,
+    )
+
+
 def harbor_trial_run(
     *,
     trial: Trial,
@@ -350,11 +424,14 @@ def harbor_trial_run(
     launch_plan: Any,
     keeper: LeaseKeeper,
     access: ModelAccess | None = None,
+    judge_plan: Any = None,
+    judge_access: ModelAccess | None = None,
 ) -> tuple[TrialOutcome, Path]:
     """Run Harbor's trial lifecycle (environment, agent setup, agent, verifier) with the
-    plan's deadlines; cancel it when the lease keeper says so."""
+    plan's deadlines; cancel it when the lease keeper says so. With ``judge_plan``, the
+    verifier is the run's judge (apps.runs.judges) instead of the task's tests."""
     from harbor.models.trial.config import TaskConfig as HarborTaskConfig
-    from harbor.models.trial.config import TrialConfig, VerifierConfig
+    from harbor.models.trial.config import TrialConfig
     from harbor.trial.trial import Trial as HarborTrial
 
     from apps.runs.agents import recipe_agent_config
@@ -369,11 +446,10 @@ def harbor_trial_run(
         trials_dir=trials_dir,
         timeout_multiplier=plan.get("timeout_multiplier", 1.0),
         agent=agent_config,
-        environment=_environment_config(plan=plan, access=access),
-        verifier=VerifierConfig(
-            disable=trial.run.kind == RunKind.EXECUTE,
-            override_timeout_sec=plan.get("verifier_timeout_sec"),
-        ),
+        # The sandbox's model bridge serves the actor and the judge alike (each call carries
+        # its own credential); either one needing a model is enough to set it up.
+        environment=_environment_config(plan=plan, access=access or judge_access),
+        verifier=_verifier_config(trial=trial, judge_plan=judge_plan),
         # An unscored run's product is the work itself: collect the workdir as artifacts.
         artifacts=(
             [{"source": launch_plan.workdir, "destination": "workdir", "exclude": [".git", "__pycache__"]}]
