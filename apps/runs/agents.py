@@ -304,3 +304,55 @@ class RecipeAgent(BaseAgent):
             )
         if missing:
             raise RequiredOutputMissing(missing)
+
+
+class RestoreAgent(BaseAgent):
+    """A regrade's agent: no model, no instruction; it replaces the workdir with the files
+    a finished attempt left there (its retained ``artifacts/workdir``), so that the judge
+    assesses exactly that work. File modes are not retained: files come back 0644."""
+
+    def __init__(
+        self, logs_dir: Path, model_name: str | None = None, *, source_dir: str, workdir: str, source_trial: str,
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
+        super().__init__(logs_dir=logs_dir, model_name=model_name, **kwargs)
+        self._source_dir = Path(source_dir)
+        self._workdir = workdir
+        self._source_trial = source_trial
+
+    @staticmethod
+    def name() -> str:
+        return "synth-restore"
+
+    def version(self) -> str:
+        return "1"
+
+    async def setup(self, environment: BaseEnvironment) -> None:
+        return None
+
+    async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
+        files = [p for p in self._source_dir.rglob("*") if p.is_file()]
+        # Empty it rather than remove it: the workdir may be a mount point of the sandbox.
+        workdir = _q(self._workdir)
+        result = await environment.exec(
+            f"mkdir -p {workdir} && find {workdir} -mindepth 1 -maxdepth 1 -exec rm -rf {{}} +",
+            timeout_sec=120,
+            user="root",
+        )
+        if result.return_code != 0:
+            raise SetupCommandFailed(f"cannot reset {self._workdir}: {self._tail(result.stdout, result.stderr)}")
+        if files:
+            await environment.upload_dir(source_dir=self._source_dir, target_dir=self._workdir)
+        user = environment.default_user
+        if user not in (None, "root", 0):
+            await environment.exec(f"chown -R {_q(str(user))} {_q(self._workdir)}", timeout_sec=120, user="root")
+        context.metadata = {
+            **(context.metadata or {}),
+            "restored_from": self._source_trial,
+            "files": len(files),
+            "workdir": self._workdir,
+        }
+
+    @staticmethod
+    def _tail(stdout: str | None, stderr: str | None) -> str:
+        return RecipeAgent._tail(stdout, stderr)

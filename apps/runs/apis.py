@@ -106,6 +106,26 @@ class RunDetailApi(APIView):
         return Response(RunOutputSerializer(selectors.run_get(org=request.auth.org, run_id=run_id)).data)
 
 
+class RunRegradeApi(APIView):
+    @extend_schema(
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER)],
+        request={"application/json": {"type": "object"}},
+        responses={201: dict, 200: dict, 404: dict, 409: dict},
+        description='Re-assess a finished run\'s retained outputs with a judge: {"judge": {"profile", "version"}, '
+        '"plan": {...}}. Creates a run of kind regrade (one trial per retained attempt). Same Idempotency-Key '
+        "and body: 200 with the same run.",
+    )
+    def post(self, request: Request, run_id: str) -> Response:
+        key = request.headers.get("Idempotency-Key") or f"auto-{uuid.uuid4()}"
+        run, created = services.run_regrade(
+            org=request.auth.org, user=request.user, run_id=run_id, idempotency_key=key, body=request.data
+        )
+        run = selectors.run_get(org=request.auth.org, run_id=run.id)
+        return Response(
+            RunOutputSerializer(run).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        )
+
+
 class RunCancelApi(APIView):
     @extend_schema(request=None, responses={200: dict})
     def post(self, request: Request, run_id: str) -> Response:
@@ -337,6 +357,7 @@ def trial_dict(trial: Any) -> dict[str, Any]:
         "task": trial.task_version.name,
         "task_version_id": trial.task_version_id,
         "attempt": trial.attempt,
+        "source": trial.source_id,  # a regrade's: the attempt re-assessed
         "status": trial.status,
         "reward": trial.reward,
         "rewards": trial.rewards,

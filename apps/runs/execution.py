@@ -57,6 +57,9 @@ def run_dispatch(*, run_id: str) -> int:
         now = timezone.now()
         if run.kind == RunKind.TRAIN:
             return _train_run_start(run=run, now=now)
+        if run.kind == RunKind.REGRADE:
+            groups, trials = _regrade_build(run=run, source_id=plan["source_run"])
+            return _run_start(run=run, now=now, groups=groups, trials=trials)
         attempts = plan.get("attempts_per_task", 1)
         patterns = plan.get("task_names") or []
         entries = spec.dataset_version.entries.select_related("task_version").order_by("position")
@@ -66,15 +69,51 @@ def run_dispatch(*, run_id: str) -> int:
             if not patterns or any(fnmatch.fnmatchcase(entry.task_version.name, p) for p in patterns)
         )
         groups, trials = _groups_build(run=run, step=0, tasks=selected, attempts=attempts, sampler=spec.model_binding)
-        run.status = RunStatus.RUNNING
-        run.started_at = run.started_at or now
-        run.save(update_fields=["status", "started_at", "updated_at"])
-        event_append(run_id=run.id, type="run.started", data={"groups": len(groups), "trials": len(trials)})
-        if not trials:
-            _run_finalize(run=run)
-        else:
-            transaction.on_commit(lambda: trials_enqueue(run_id=run.id))
+        return _run_start(run=run, now=now, groups=groups, trials=trials)
+
+
+def _run_start(*, run: Run, now: Any, groups: list[SamplingGroup], trials: list[Trial]) -> int:
+    run.status = RunStatus.RUNNING
+    run.started_at = run.started_at or now
+    run.save(update_fields=["status", "started_at", "updated_at"])
+    event_append(run_id=run.id, type="run.started", data={"groups": len(groups), "trials": len(trials)})
+    if not trials:
+        _run_finalize(run=run)
+    else:
+        run_id = run.id
+        transaction.on_commit(lambda: trials_enqueue(run_id=run_id))
     return len(trials)
+
+
+def _regrade_build(*, run: Run, source_id: str) -> tuple[list[SamplingGroup], list[Trial]]:
+    """A regrade's groups and trials mirror the source run's attempts that kept their
+    workdir: same step, task and attempt number; each trial points at its source."""
+    sources = list(
+        Trial.objects.filter(run_id=source_id, artifacts__kind="work")
+        .distinct()
+        .select_related("group", "task_version")
+        .order_by("group__step", "group__position", "attempt")
+    )
+    groups: dict[str, SamplingGroup] = {}
+    trials: list[Trial] = []
+    for source in sources:
+        group = groups.get(source.group_id)
+        if group is None:
+            group = groups[source.group_id] = SamplingGroup(
+                run=run,
+                step=source.group.step,
+                position=source.group.position,
+                task_version=source.task_version,
+                attempts=0,
+                sampler=source.group.sampler,
+            )
+        group.attempts += 1
+        trials.append(
+            Trial(run=run, group=group, attempt=source.attempt, task_version=source.task_version, source=source)
+        )
+    SamplingGroup.objects.bulk_create(list(groups.values()), batch_size=500)
+    Trial.objects.bulk_create(trials, batch_size=1000)
+    return list(groups.values()), trials
 
 
 def _groups_build(

@@ -12,6 +12,7 @@ class RunKind(models.TextChoices):
     EXECUTE = "execute"
     EVALUATE = "evaluate"
     TRAIN = "train"
+    REGRADE = "regrade"  # re-assess another run's retained outputs with a judge
 
 
 class RunStatus(models.TextChoices):
@@ -217,6 +218,14 @@ class Trial(models.Model):
     group = models.ForeignKey(SamplingGroup, on_delete=models.CASCADE, related_name="trials")
     attempt = models.PositiveIntegerField()
     task_version = models.ForeignKey("datasets.TaskVersion", on_delete=models.PROTECT, related_name="+")
+    source = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="regrades",
+        help_text="for a regrade: the attempt whose retained workdir is re-assessed",
+    )
     status = models.CharField(max_length=16, choices=TrialStatus.choices, default=TrialStatus.PENDING)
     tries = models.PositiveIntegerField(default=0, help_text="how many times a worker started it")
     rewards = models.JSONField(null=True, blank=True)

@@ -84,7 +84,34 @@ PLAN_SCHEMAS: dict[str, dict[str, Any]] = {
     "evaluate": {
         "type": "object",
         "additionalProperties": False,
-        "properties": _EXECUTION,
+        "properties": {
+            **_EXECUTION,
+            "retain_workdir": {
+                "type": "boolean",
+                "default": True,
+                "description": "keep each attempt's final workdir as artifacts (what a regrade re-assesses)",
+            },
+        },
+    },
+    "regrade": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["source_run"],
+        "properties": {
+            "source_run": {"type": "string", "description": "the run whose retained outputs are re-assessed"},
+            **{
+                k: _EXECUTION[k]
+                for k in (
+                    "max_concurrency",
+                    "timeout_multiplier",
+                    "verifier_timeout_sec",
+                    "resources",
+                    "environment",
+                    "on_lost",
+                    "max_retries",
+                )
+            },
+        },
     },
     "train": {
         "type": "object",
@@ -92,6 +119,7 @@ PLAN_SCHEMAS: dict[str, dict[str, Any]] = {
         "required": ["steps"],
         "properties": {
             **{k: v for k, v in _EXECUTION.items() if k != "attempts_per_task"},
+            "retain_workdir": {"type": "boolean", "default": False},
             "backend": {"enum": ["local", "tinker"], "default": "local"},
             "batch_size": {"type": "integer", "minimum": 1, "default": 4},
             "group_size": {

@@ -27,6 +27,7 @@ from apps.profiles.selectors import profile_version_get, profile_version_recipe
 from apps.runs.bindings import model_binding_resolve
 from apps.runs.models import (
     TERMINAL_STATUSES,
+    Artifact,
     Lease,
     LeaseStatus,
     LeaseWrite,
@@ -152,6 +153,52 @@ def _existing_run(*, org: Organization, idempotency_key: str, request_digest: st
     return run
 
 
+def _regrade_source_check(*, org: Organization, source_id: str, judge: ProfileVersion | None) -> None:
+    if judge is None:
+        raise ValidationFailed("a regrade needs a judge", field="judge")
+    source = Run.objects.filter(org=org, pk=source_id).first()
+    if source is None:
+        raise NotFound(f"run {source_id} not found", field="plan.source_run")
+    if not source.is_terminal:
+        raise Conflict(f"run {source_id} is {source.status}; regrade it once it has ended", field="plan.source_run")
+    if not Artifact.objects.filter(run=source, kind="work").exists():
+        raise Conflict(
+            f"run {source_id} retained no outputs to re-assess (its attempts' workdirs were not kept: "
+            "plan.retain_workdir)",
+            field="plan.source_run",
+        )
+
+
+def run_regrade(
+    *, org: Organization, user: AbstractBaseUser | None, run_id: str, idempotency_key: str, body: Any
+) -> tuple[Run, bool]:
+    """Re-assess a finished run's retained outputs with a judge: a new run of kind regrade
+    on the same dataset version and actor, one trial per retained attempt. ``body`` is
+    ``{"judge": <profile ref>, "plan": {...}}`` (plan optional). Idempotent like run_submit."""
+    if not isinstance(body, dict):
+        raise ValidationFailed("the request body must be a JSON object")
+    extra = set(body) - {"judge", "plan"}
+    if extra:
+        raise ValidationFailed(f"unknown field {sorted(extra)[0]!r}", field=sorted(extra)[0])
+    source = Run.objects.select_related("spec__actor_version__profile").filter(org=org, pk=run_id).first()
+    if source is None:
+        raise NotFound(f"run {run_id} not found")
+    plan = body.get("plan") or {}
+    if not isinstance(plan, dict):
+        raise ValidationFailed("plan must be a JSON object", field="plan")
+    if plan.get("source_run", run_id) != run_id:
+        raise ValidationFailed("plan.source_run must be the run being regraded", field="plan.source_run")
+    actor = source.spec.actor_version
+    submission = {
+        "kind": RunKind.REGRADE.value,
+        "dataset": source.spec.dataset_ref,
+        "actor": {"profile": actor.profile.name, "version": actor.version},
+        "judge": body.get("judge"),
+        "plan": {**plan, "source_run": run_id},
+    }
+    return run_submit(org=org, user=user, idempotency_key=idempotency_key, body=submission)
+
+
 def run_submit(
     *,
     org: Organization,
@@ -174,6 +221,8 @@ def run_submit(
     dataset_version = dataset_version_resolve(org=org, reference=request["dataset"])
     actor = _resolve_profile(org=org, ref=ProfileRef(**request["actor"]), field="actor")
     judge = _resolve_profile(org=org, ref=ProfileRef(**request["judge"]), field="judge") if request["judge"] else None
+    if request["kind"] == RunKind.REGRADE:
+        _regrade_source_check(org=org, source_id=request["plan"]["source_run"], judge=judge)
     recipe = profile_version_recipe(profile_version=actor)
     model_binding = model_binding_resolve(org=org, binding=recipe.get("model") or {})
 

@@ -6,6 +6,7 @@ urlpatterns = [
     path("runs", apis.RunListCreateApi.as_view(), name="runs"),
     path("runs/<str:run_id>", apis.RunDetailApi.as_view(), name="run-detail"),
     path("runs/<str:run_id>/cancel", apis.RunCancelApi.as_view(), name="run-cancel"),
+    path("runs/<str:run_id>/regrade", apis.RunRegradeApi.as_view(), name="run-regrade"),
     path("runs/<str:run_id>/events", apis.RunEventsApi.as_view(), name="run-events"),
     path("runs/<str:run_id>/groups", apis.RunGroupsApi.as_view(), name="run-groups"),
     path("runs/<str:run_id>/trials", apis.RunTrialsApi.as_view(), name="run-trials"),

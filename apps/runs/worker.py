@@ -211,12 +211,15 @@ def trial_execute(*, trial_id: str) -> None:
             data={"task": trial.task_version.name, "attempt": trial.attempt, "node": node.name, "need": need.as_dict()},
         )
         task_dir = task_version_materialize(task_version=trial.task_version, dest=work / "task")
+        # A regrade's attempt is over already: its "agent" restores the retained workdir.
+        regrade = trial.source_id is not None
         recipe = _actor_recipe(trial=trial)
         judge = _judge_recipe(trial=trial)
         access = judge_access = None
         who = "actor"
         try:
-            access = model_access_open(trial=trial, recipe=recipe)
+            if not regrade:
+                access = model_access_open(trial=trial, recipe=recipe)
             if judge is not None:
                 who = "judge"
                 judge_access = model_access_open(
@@ -238,7 +241,13 @@ def trial_execute(*, trial_id: str) -> None:
             )
             return
         try:
-            launch_plan = trial_launch_plan(trial=trial, task_dir=task_dir, recipe=recipe, access=access)
+            if regrade:
+                launch_plan = None
+                agent_config, workdir = _restore_agent_config(trial=trial, task_dir=task_dir, dest=work / "restore")
+                instruction = trial.task_version.instruction
+            else:
+                launch_plan = trial_launch_plan(trial=trial, task_dir=task_dir, recipe=recipe, access=access)
+                agent_config, workdir, instruction = None, launch_plan.workdir, launch_plan.instruction
             judge_plan = None
             if judge is not None:
                 judge_plan = trial_launch_plan(
@@ -246,7 +255,7 @@ def trial_execute(*, trial_id: str) -> None:
                     task_dir=task_dir,
                     recipe=judge,
                     access=judge_access,
-                    instruction=judge_instruction(instruction=launch_plan.instruction, workdir=launch_plan.workdir),
+                    instruction=judge_instruction(instruction=instruction, workdir=workdir),
                     logs_dir=JUDGE_LOGS_DIR,
                 )
             outcome, trial_dir = harbor_trial_run(
@@ -258,6 +267,7 @@ def trial_execute(*, trial_id: str) -> None:
                 access=access,
                 judge_plan=judge_plan,
                 judge_access=judge_access,
+                agent_config=agent_config,
             )
         finally:
             # The attempt is over (or never started): its credentials must stop working now,
@@ -299,6 +309,36 @@ def _actor_recipe(*, trial: Trial) -> dict[str, Any]:
     from apps.profiles.selectors import profile_version_recipe
 
     return profile_version_recipe(profile_version=trial.run.spec.actor_version)
+
+
+def _restore_agent_config(*, trial: Trial, task_dir: Path, dest: Path) -> tuple[Any, str]:
+    """The regrade's agent, which puts the source attempt's retained workdir back where the
+    source's launch plan had it (AgentConfig, that workdir)."""
+    import json
+
+    from harbor.models.task.task import Task as HarborTask
+    from harbor.models.trial.config import AgentConfig
+
+    from apps.objects.services import object_read
+
+    prefix = "artifacts/workdir/"
+    workdir = HarborTask(task_dir).config.environment.workdir or "/app"
+    dest.mkdir(parents=True, exist_ok=True)
+    for artifact in Artifact.objects.filter(trial_id=trial.source_id).select_related("object"):
+        if artifact.name == "launch-plan.json":
+            workdir = json.loads(object_read(obj=artifact.object)).get("workdir") or workdir
+        if artifact.kind != "work":
+            continue
+        relative = Path(artifact.name.removeprefix(prefix))
+        if relative.is_absolute() or ".." in relative.parts:
+            raise ValueError(f"artifact {artifact.id} has an unsafe name {artifact.name!r}")
+        (dest / relative).parent.mkdir(parents=True, exist_ok=True)
+        (dest / relative).write_bytes(object_read(obj=artifact.object))
+    config = AgentConfig(
+        import_path="apps.runs.agents:RestoreAgent",
+        kwargs={"source_dir": str(dest), "workdir": workdir, "source_trial": trial.source_id},
+    )
+    return config, workdir
 
 
 def _judge_recipe(*, trial: Trial) -> dict[str, Any] | None:
@@ -426,6 +466,7 @@ def harbor_trial_run(
     access: ModelAccess | None = None,
     judge_plan: Any = None,
     judge_access: ModelAccess | None = None,
+    agent_config: Any = None,
 ) -> tuple[TrialOutcome, Path]:
     """Run Harbor's trial lifecycle (environment, agent setup, agent, verifier) with the
     plan's deadlines; cancel it when the lease keeper says so. With ``judge_plan``, the
@@ -437,7 +478,8 @@ def harbor_trial_run(
     from apps.runs.agents import recipe_agent_config
 
     plan = trial.run.spec.plan
-    agent_config = recipe_agent_config(plan=launch_plan, task_dir=task_dir)
+    if agent_config is None:
+        agent_config = recipe_agent_config(plan=launch_plan, task_dir=task_dir)
     if plan.get("agent_timeout_sec"):
         agent_config.override_timeout_sec = plan["agent_timeout_sec"]
     config = TrialConfig(
@@ -450,10 +492,10 @@ def harbor_trial_run(
         # its own credential); either one needing a model is enough to set it up.
         environment=_environment_config(plan=plan, access=access or judge_access),
         verifier=_verifier_config(trial=trial, judge_plan=judge_plan),
-        # An unscored run's product is the work itself: collect the workdir as artifacts.
+        # An unscored run's product is the work itself; a scored run keeps it to be regraded.
         artifacts=(
             [{"source": launch_plan.workdir, "destination": "workdir", "exclude": [".git", "__pycache__"]}]
-            if trial.run.kind == RunKind.EXECUTE
+            if trial.run.kind == RunKind.EXECUTE or plan.get("retain_workdir")
             else []
         ),
     )
@@ -516,8 +558,10 @@ def artifacts_publish(*, trial: Trial, trial_dir: Path, launch_plan: Any) -> lis
     """Upload the trial's files (logs, transcript, verifier output, outputs) content-addressed.
     The launch plan goes too; it never holds the scoped credential (see LaunchPlan.to_dict)."""
     org = trial.run.org
-    plan_doc = {**launch_plan.to_dict(), "digest": launch_plan.digest()}
-    files: list[tuple[str, bytes]] = [("launch-plan.json", canonical_bytes(plan_doc))]
+    files: list[tuple[str, bytes]] = []
+    if launch_plan is not None:  # a regrade launched no agent
+        plan_doc = {**launch_plan.to_dict(), "digest": launch_plan.digest()}
+        files.append(("launch-plan.json", canonical_bytes(plan_doc)))
     if trial_dir.is_dir():
         for path in sorted(trial_dir.rglob("*")):
             if not path.is_file() or path.is_symlink():

@@ -190,9 +190,7 @@ def group_attempts(*, group: SamplingGroup) -> list[Attempt]:
     calls: dict[str, list[Interaction]] = {t.id: [] for t in trials}
     for interaction in (
         # The attempt's own calls: a judge's calls assessed it and are not the policy's.
-        Interaction.objects.filter(
-            org_id=group.run.org_id, run_id=group.run_id, trial_id__in=list(calls), role="actor"
-        )
+        Interaction.objects.filter(org_id=group.run.org_id, run_id=group.run_id, trial_id__in=list(calls), role="actor")
         .select_related("org")
         .order_by("created_at", "id")
     ):

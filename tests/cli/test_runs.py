@@ -105,24 +105,46 @@ def test_bad_inputs(synth, dataset, recipe_file, tmp_path):
     assert result.exit_code == 1 and "not found" in one_line(result.stderr)
 
 
-def test_run_views_list_or_say_the_server_lacks_them(synth, dataset, recipe_file):
-    """trials/artifacts/checkpoints/regrade arrive with later issues: each either answers
-    (an empty list for a new run) or says, in one line, that the server lacks it."""
+def test_run_views_list_what_a_new_run_has(synth, dataset, recipe_file):
     run_id = one_line(_start(synth, dataset, recipe_file).stdout)
-    for view in ("trials", "artifacts", "checkpoints"):
+    for view in ("trials", "artifacts", "checkpoints", "updates"):
         result = synth("run", view, run_id, "--json")
-        if result.exit_code == 0:
-            assert json.loads(result.stdout) == []
-        else:
-            assert result.exit_code == 1
-            assert one_line(result.stderr) == f"synth: this server does not support run {view} yet"
-        # An unknown run is reported as such, whether or not the view exists.
+        assert result.exit_code == 0, result.stderr
+        assert json.loads(result.stdout) == []
+        assert synth("run", view, run_id).exit_code == 0
         result = synth("run", view, "run_doesnotexist")
-        assert result.exit_code == 1 and "run_doesnotexist" in one_line(result.stderr)
+        assert result.exit_code == 1 and one_line(result.stderr) == "synth: run run_doesnotexist not found (404)"
+
+
+def test_regrade_submits_a_judged_rerun_of_retained_work(synth, alice, dataset, recipe_file):
+    from apps.objects.services import object_put
+    from apps.runs.models import Artifact, Run, Trial
+
+    run_id = one_line(_start(synth, dataset, recipe_file).stdout)
     result = synth("run", "regrade", run_id, "--judge", f"@{recipe_file}", "--judge-name", "judge")
-    if result.exit_code != 0:
-        assert result.exit_code == 1
-        assert one_line(result.stderr).startswith("synth: ")
+    assert result.exit_code == 1
+    assert one_line(result.stderr).startswith(f"synth: run {run_id} is ") and "once it has ended" in result.stderr
+
+    # The run ends with one attempt's workdir retained (as a worker would have stored it).
+    from apps.runs.execution import run_dispatch
+
+    Run.objects.filter(pk=run_id).update(status="queued")
+    run_dispatch(run_id=run_id)
+    trial = Trial.objects.filter(run_id=run_id).first()
+    obj = object_put(org=alice.org, data=b"print('work')\n")
+    Artifact.objects.create(
+        run_id=run_id, trial=trial, name="artifacts/workdir/main.py", kind="work", object=obj, sha256=obj.sha256, size=3
+    )
+    Run.objects.filter(pk=run_id).update(status="succeeded")
+
+    result = synth("run", "regrade", run_id, "--judge", f"@{recipe_file}", "--judge-name", "judge")
+    assert result.exit_code == 0, result.stderr
+    regrade_id = one_line(result.stdout)
+    again = synth.json("run", "regrade", run_id, "--judge", "judge@1")
+    assert again["id"] == regrade_id and again["kind"] == "regrade"  # the same request, the same run
+    assert again["plan"]["source_run"] == run_id and again["judge"]["profile"] == "judge"
+    result = synth("run", "regrade", "run_doesnotexist", "--judge", "judge@1")
+    assert result.exit_code == 1 and one_line(result.stderr) == "synth: run run_doesnotexist not found (404)"
 
 
 def test_artifacts_download_through_their_read_grants(synth, alice, dataset, recipe_file, settings, live_server):

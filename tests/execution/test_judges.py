@@ -57,3 +57,63 @@ def test_a_judge_replaces_the_tests_and_keeps_its_files_apart(stack, alice):
         assert "verifier/test-stdout.txt" not in names  # the tests did not run
     detail = alice.client.get(f"/api/runs/{good}").json()
     assert detail["judge"]["profile"] == "inspector"
+
+
+def test_a_finished_evaluation_is_regraded_by_a_judge_on_its_retained_work(stack, alice):
+    dsv, _ = dataset_import_dir(org=alice.org, name="examples", version="1", path=EXAMPLES / "tasks")
+    stack.start_worker("w1", beat=True)
+    plan = {"attempts_per_task": 2, "task_names": ["*implement-roman", "*word-frequencies"]}
+    resp = alice.client.post(
+        "/api/runs",
+        {"kind": "evaluate", "dataset": dsv.reference, "actor": publish(alice, "oracle", ORACLE), "plan": plan},
+        format="json",
+    )
+    source = finished(resp.json()["id"], stack)
+    assert source.status == "succeeded" and source.summary["mean_reward"] == 1.0
+    judge = publish(alice, "inspector", INSPECTOR)
+
+    regrade = alice.client.post(
+        f"/api/runs/{source.id}/regrade", {"judge": judge}, format="json", HTTP_IDEMPOTENCY_KEY="rg-1"
+    )
+    assert regrade.status_code == 201, regrade.content
+    again = alice.client.post(
+        f"/api/runs/{source.id}/regrade", {"judge": judge}, format="json", HTTP_IDEMPOTENCY_KEY="rg-1"
+    )
+    assert again.status_code == 200 and again.json()["id"] == regrade.json()["id"]
+    run = finished(regrade.json()["id"], stack)
+    assert run.status == "succeeded" and run.kind == "regrade", (run.summary, stack.logs())
+    trials = {t.source_id: t for t in Trial.objects.filter(run=run).select_related("task_version")}
+    assert set(trials) == set(Trial.objects.filter(run=source).values_list("id", flat=True))  # every attempt
+    for trial in trials.values():
+        # The inspector gives 0.75 to a finished roman.py (the oracle's) and 0.25 elsewhere:
+        # the work re-assessed is the source attempt's, restored, not a fresh checkout.
+        expected = 0.75 if trial.task_version.name.endswith("implement-roman") else 0.25
+        assert trial.rewards == {"reward": expected}, (trial.error_message, stack.logs())
+    assert run.summary["mean_reward"] == 0.5
+    assert run.spec.actor_version_id == source.spec.actor_version_id and run.spec.plan["source_run"] == source.id
+
+
+def test_regrade_refuses_what_it_cannot_do(stack, alice, bob):
+    from apps.runs.models import Run
+
+    dsv, _ = dataset_import_dir(org=alice.org, name="examples", version="1", path=EXAMPLES / "tasks")
+    judge = publish(alice, "inspector", INSPECTOR)
+    actor = publish(alice, "oracle", ORACLE)
+    unfinished = alice.client.post(
+        "/api/runs", {"kind": "evaluate", "dataset": dsv.reference, "actor": actor}, format="json"
+    ).json()["id"]
+    cases = [
+        (alice, unfinished, {"judge": judge}, 409, "plan.source_run"),  # not ended yet
+        (alice, unfinished, {}, 400, "judge"),
+        (alice, unfinished, {"judge": judge, "extra": 1}, 400, "extra"),
+        (bob, unfinished, {"judge": judge}, 404, None),  # another organization's run
+        (alice, "run_nope", {"judge": judge}, 404, None),
+    ]
+    for member, run_id, body, status, field in cases:
+        resp = member.client.post(f"/api/runs/{run_id}/regrade", body, format="json")
+        assert resp.status_code == status, (body, resp.content)
+        assert resp.json()["error"]["field"] == field
+    Run.objects.filter(pk=unfinished).update(status="succeeded")  # ended, but kept no workdir
+    resp = alice.client.post(f"/api/runs/{unfinished}/regrade", {"judge": judge}, format="json")
+    assert resp.status_code == 409 and "retained no outputs" in resp.json()["error"]["message"]
+    assert Run.objects.filter(org=alice.org).count() == 1  # nothing was created by a refusal

@@ -44,7 +44,9 @@ def field_of(value: Any) -> str | None:
     return info.value.field
 
 
-@pytest.mark.parametrize("name", ["agent.json", "oracle-agent.json", "noop-agent.json"])
+@pytest.mark.parametrize(
+    "name", ["agent.json", "oracle-agent.json", "noop-agent.json", "train-agent.json", "judge-agent.json"]
+)
 def test_examples_validate(name):
     recipe_validate(recipe=json.loads((EXAMPLES / name).read_text()))
 
