@@ -68,8 +68,7 @@ if ! { [ -f "$RUNDIR/proxy.pid" ] && kill -0 "$(cat "$RUNDIR/proxy.pid")" 2>/dev
 fi
 start proxy "$ROOT/.venv/bin/uvicorn" synth_project.asgi:application --uds "$SYNTH_PROXY_SOCKET" \
   --lifespan off --timeout-keep-alive 75
-start gateway "$ROOT/.venv/bin/gunicorn" synth_project.wsgi -b "127.0.0.1:$PORT" -w 1 -k gthread --threads 16 \
-  --timeout 0 --access-logfile -
+start gateway "$ROOT/.venv/bin/gunicorn" synth_project.wsgi -c deploy/gunicorn.conf.py -b "127.0.0.1:$PORT" -w 1
 start worker "$ROOT/.venv/bin/celery" -A synth_project worker -Q control,trials,evidence,training -c 3 -B \
   -s "$SYNTH_VAR_DIR/celerybeat-schedule" --without-gossip --without-mingle -l INFO
 
