@@ -4,7 +4,8 @@ CLI -> live API -> admission -> Celery control/trials/training/evidence workers 
 synth-mini attempts in the bubblewrap sandbox -> the proxy process (tiny Qwen3-vocabulary
 model, local sampler) -> graded rewards -> the learner: evidence joined to rewards,
 group-centred advantages, datums, a LoRA update with the local backend, a checkpoint in the
-object store -> the next batch sampled by the proxy FROM THAT CHECKPOINT -> the run ends.
+object store -> the next batch sampled by the proxy FROM THAT CHECKPOINT -> the run ends ->
+an evaluation in which the real Claude Code runs on the final checkpoint.
 """
 
 from __future__ import annotations
@@ -117,4 +118,32 @@ def test_a_train_run_updates_weights_and_the_next_batch_samples_its_checkpoint(
     assert client.get(f"/api/checkpoints/{checkpoints[1].id}").json()["lineage"]["ancestors"][0]["id"] == (
         checkpoints[0].id
     )
-    assert time.monotonic() - started < 300
+
+    # The same harness family, the real Claude Code, evaluates with the final checkpoint:
+    # the proxy serves it the trained adapter, and the lineage records the selection.
+    recipe = json.loads((EXAMPLES / "agent.json").read_text())
+    recipe.update(
+        model={"checkpoint": checkpoints[1].id},
+        args=["--max-turns", "1"],
+        env={"CLAUDE_CODE_MAX_OUTPUT_TOKENS": "32"},
+        limits={"timeout_sec": 180},
+    )
+    agent = tmp_path / "agent-ckpt.json"
+    agent.write_text(json.dumps(recipe))
+    plan.write_text(json.dumps({"attempts_per_task": 1, "task_names": ["*plain-reply"]}))
+    result = synth("run", "start", "--dataset", dataset.reference, "--actor", f"@{agent}", "--plan", f"@{plan}")
+    assert result.exit_code == 0, result.stderr
+    eval_id = one_line(result.stdout)
+    evaluation = wait_for(
+        lambda: (r := Run.objects.get(pk=eval_id)).is_terminal and r, timeout=240, what="the evaluation", stack=stack
+    )
+    (trial,) = evaluation.trials.all()
+    assert trial.status == "succeeded", (trial.error_type, trial.error_message, stack.logs())
+    assert evaluation.spec.model_binding == checkpoints[1].binding()
+    claude_calls = Interaction.objects.filter(trial_id=trial.id)
+    assert claude_calls.exists()
+    assert all(i.snapshot["adapter_dir"].endswith(checkpoints[1].sha256) for i in claude_calls)
+    assert all(i.prompt_tokens > 1000 for i in claude_calls)  # Claude Code's own system prompt and tools
+    lineage = client.get(f"/api/checkpoints/{checkpoints[1].id}").json()["lineage"]
+    assert lineage["selected_by_runs"] == [eval_id]
+    assert time.monotonic() - started < 420
