@@ -15,6 +15,9 @@
    that their losses agree.
 3. Saving: sampler weights and trainer state, packed as the object store stores them, per
    LoRA rank: seconds and bytes.
+4. Learning: the local loop (proxy sampler on the last saved weights -> reward -> group
+   advantages -> datums -> update -> save -> serve) on a small-vocabulary random model, with
+   reward = share of sampled ids in a target set (1/8 of the vocabulary): reward by step.
 
 Needs no database, broker or network.
 """
@@ -210,6 +213,64 @@ def bench_saves(args: argparse.Namespace) -> None:
         )
 
 
+def bench_learning(args: argparse.Namespace) -> None:
+    import django
+
+    django.setup()
+    import torch
+    from tinker import types
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from apps.proxy.samplers.base import SampleRequest
+    from apps.proxy.samplers.local import LocalTorchSampler
+    from apps.training.backends.local import LocalServiceClient, path_dir
+    from apps.training.datums import Attempt, Call, datums_to_tinker, group_prepare
+
+    config = Qwen3Config(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, max_position_embeddings=4096,
+    )  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "base"
+        torch.manual_seed(0)
+        Qwen3ForCausalLM(config).save_pretrained(base)
+        client = (
+            LocalServiceClient(spec={"model_dir": str(base)}, root=Path(tmp))
+            .create_lora_training_client("small", rank=8, seed=0)
+            .result()
+        )
+        sampler = LocalTorchSampler.from_dir(model_dir=base)
+        prompts = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12], [13, 14]]
+        curve, seconds = [], []
+        for step in range(args.learn_steps):
+            t0 = time.perf_counter()
+            datums, rewards = [], []
+            for p, prompt in enumerate(prompts):
+                attempts = []
+                for k in range(8):
+                    request = SampleRequest(
+                        prompt_ids=prompt, max_tokens=16, stop_token_ids=[], seed=step * 1000 + p * 10 + k
+                    )
+                    out = sampler.sample_blocking(request)
+                    reward = sum(1 for t in out.token_ids if t < 64) / len(out.token_ids)
+                    rewards.append(reward)
+                    call = Call(prompt_ids=prompt, output_ids=out.token_ids, logprobs=out.logprobs)
+                    attempts.append(Attempt(trial_id=f"{p}-{k}", reward=reward, calls=[call]))
+                datums += group_prepare(group_id=str(p), attempts=attempts, min_valid=2, require_variance=True).datums
+            curve.append(sum(rewards) / len(rewards))
+            if datums:
+                client.forward_backward(datums_to_tinker(datums), "importance_sampling").result()
+                client.optim_step(types.AdamParams(learning_rate=0.1, beta1=0.9, beta2=0.95, eps=1e-8)).result()
+            adapter = path_dir(client.save_weights_for_sampler(f"{step + 1:06d}").result().path)
+            sampler = LocalTorchSampler.from_dir(model_dir=base, adapter_dir=adapter)
+            seconds.append(time.perf_counter() - t0)
+    print(
+        "learning (vocab 512, 4 groups x 8 attempts x 16 tokens, lr 0.1, r=8): reward by step "
+        + " ".join(f"{r:.2f}" for r in curve)
+        + f"; {statistics.median(seconds):.2f} s per step"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--attempts", type=int, default=8)
@@ -219,6 +280,7 @@ def main() -> None:
     parser.add_argument("--train-attempts", type=int, default=4)
     parser.add_argument("--train-turns", type=int, default=6)
     parser.add_argument("--train-start-tokens", type=int, default=2000)
+    parser.add_argument("--learn-steps", type=int, default=10)
     parser.add_argument("--child", choices=["chunked", "one-pass", "full"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -227,6 +289,7 @@ def main() -> None:
     bench_packing(args)
     bench_update(args)
     bench_saves(args)
+    bench_learning(args)
 
 
 if __name__ == "__main__":

@@ -78,9 +78,9 @@ def test_training_bench_prints_figures() -> None:
     out = run_bench(
         "training.py",
         *("--attempts", "2", "--turns", "3", "--start-tokens", "300", "--repeat", "1"),
-        *("--train-attempts", "2", "--train-turns", "2", "--train-start-tokens", "100"),
+        *("--train-attempts", "2", "--train-turns", "2", "--train-start-tokens", "100", "--learn-steps", "2"),
     )
     assert "packing: 6 calls -> 2 datums" in out, out
     assert "losses agree: True" in out, out
-    for line in ("update  chunked:", "update ratio full/chunked", "save r=32: sampler weights"):
+    for line in ("update  chunked:", "update ratio full/chunked", "save r=32: sampler weights", "reward by step"):
         assert line in out, out

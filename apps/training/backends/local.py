@@ -39,7 +39,7 @@ META_FILE = "synth-trainer.json"
 OPTIMIZER_FILE = "optimizer.pt"
 # Adapted projection names of the decoder architectures the local backend trains (Qwen3,
 # Llama-like). The unembedding is tied to the embedding in the tiny model; leave it frozen.
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 
 
 def path_dir(path: str) -> Path:
@@ -227,7 +227,9 @@ class LocalTrainingClient:
     def _save(self, kind: str, name: str, with_optimizer: bool) -> str:
         directory = self._root / self.model_id / kind / name
         with self._lock:
-            self._model.save_pretrained(directory)
+            # The unembedding is adapted by LoRA only; its (tied) base weights are the base
+            # model's, so the adapter needs no copy of the embedding matrix.
+            self._model.save_pretrained(directory, save_embedding_layers=False)
             if with_optimizer:
                 torch.save(self._optimizer.state_dict(), directory / OPTIMIZER_FILE)
             (directory / META_FILE).write_text(json.dumps({"base": self._spec, "rank": self._rank}, sort_keys=True))
