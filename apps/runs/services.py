@@ -153,6 +153,21 @@ def _existing_run(*, org: Organization, idempotency_key: str, request_digest: st
     return run
 
 
+def _trainable_check(*, binding: dict[str, Any]) -> None:
+    """A train run must bind a model route that exists and may be trained: refused at
+    submission rather than failing once admitted."""
+    from apps.runs.model_access import model_route_get  # lazy: runs' models do not depend on the proxy
+
+    name = binding.get("route")
+    if not name:
+        raise ValidationFailed("a train run's actor must bind a model (a route or a checkpoint)", field="actor.model")
+    route = model_route_get(name=name)
+    if route is None:
+        raise ValidationFailed(f"model route {name!r} does not exist", field="actor.model.route")
+    if not route.trainable:
+        raise ValidationFailed(f"model route {name!r} is not trainable", field="actor.model.route")
+
+
 def _regrade_source_check(*, org: Organization, source_id: str, judge: ProfileVersion | None) -> None:
     if judge is None:
         raise ValidationFailed("a regrade needs a judge", field="judge")
@@ -225,6 +240,8 @@ def run_submit(
         _regrade_source_check(org=org, source_id=request["plan"]["source_run"], judge=judge)
     recipe = profile_version_recipe(profile_version=actor)
     model_binding = model_binding_resolve(org=org, binding=recipe.get("model") or {})
+    if request["kind"] == RunKind.TRAIN:
+        _trainable_check(binding=model_binding)
 
     try:
         with transaction.atomic():

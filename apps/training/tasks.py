@@ -22,14 +22,16 @@ def group_settled_task(run_id: str, step: int) -> None:
 
 # acks_late + reject_on_worker_lost: a lost worker's update is delivered again; the update's
 # own state then says whether it can be redone (still gathering) or must block (the
-# optimizer step was in flight and the weights are unknown).
+# optimizer step was in flight and the weights are unknown). The time limit stays under the
+# broker's visibility timeout (SYNTH_VISIBILITY_TIMEOUT, 4 h): a message unacknowledged for
+# longer would be delivered to a second worker while the first still applies the update.
 @shared_task(
     name="training.update",
     acks_late=True,
     reject_on_worker_lost=True,
     max_retries=0,
-    soft_time_limit=6 * 3600,
-    time_limit=6 * 3600 + 300,
+    soft_time_limit=3 * 3600,
+    time_limit=3 * 3600 + 300,
 )
 def update_apply_task(run_id: str, step: int) -> None:
     from apps.training.services import update_apply

@@ -66,11 +66,23 @@ def test_start_is_idempotent_and_runs_can_be_shown_listed_and_cancelled(synth, d
 
 
 def test_start_with_a_published_profile_and_train(synth, dataset, recipe_file):
+    from apps.proxy.models import ModelRoute
+    from apps.proxy.services import DEFAULT_ROUTE, route_upsert
+
     assert synth("profile", "publish", f"@{recipe_file}", "--name", "coder").exit_code == 0
     run = synth.json("run", "start", "--dataset", dataset, "--actor", "coder", "--plan", PLAN)
     assert run["actor"]["profile"] == "coder" and run["actor"]["version"] == 1
     plan = recipe_file.parent / "train-plan.json"
     plan.write_text(json.dumps({"batch_size": 2, "group_size": 4, "steps": 2}))
+    # The actor's route must exist and be trainable: a one-line refusal, nothing created.
+    refused = synth("train", "start", "--dataset", dataset, "--actor", "coder@1", "--plan", f"@{plan}")
+    assert refused.exit_code == 1 and one_line(refused.stderr) == (
+        "synth: model route 'qwen3-8b' does not exist (400)"
+    ), refused.stderr
+    route_upsert(**{**DEFAULT_ROUTE, "trainable": False})
+    refused = synth("train", "start", "--dataset", dataset, "--actor", "coder@1", "--plan", f"@{plan}")
+    assert "is not trainable" in refused.stderr
+    ModelRoute.objects.filter(name="qwen3-8b").update(trainable=True)
     train = synth.json("train", "start", "--dataset", dataset, "--actor", "coder@1", "--plan", f"@{plan}")
     assert train["kind"] == "train"
 

@@ -48,3 +48,10 @@ def test_the_sdk_refuses_without_a_key_as_the_learner_expects(monkeypatch):
     monkeypatch.setenv("TINKER_API_KEY", "tml-not-a-real-key")
     service = backend_service(backend="tinker", route=route, root=None)
     assert isinstance(service, tinker.ServiceClient)  # constructed lazily: no network yet
+
+
+def test_an_update_ends_before_the_broker_would_deliver_it_again(settings):
+    from apps.training.tasks import update_apply_task
+
+    visibility = settings.CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"]
+    assert update_apply_task.time_limit < visibility
