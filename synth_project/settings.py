@@ -256,6 +256,8 @@ SYNTH_ARTIFACT_MAX_BYTES = env_int("SYNTH_ARTIFACT_MAX_BYTES", 64 * 1024 * 1024)
 SYNTH_TOKENIZER_DIR = Path(os.environ.get("SYNTH_TOKENIZER_DIR") or VAR_DIR / "tokenizers")
 # Model weights packages (checkpoints' LoRA adapters) unpacked from the object store, by digest.
 SYNTH_WEIGHTS_CACHE_DIR = Path(os.environ.get("SYNTH_WEIGHTS_CACHE_DIR") or VAR_DIR / "weights")
+# Unpacked packages kept there (most recently used; idle ones beyond this are removed).
+SYNTH_WEIGHTS_CACHE_KEEP = env_int("SYNTH_WEIGHTS_CACHE_KEEP", 16)
 # Where operators' harnesses (synth claude) reach the proxy; the gateway serves /v1 too.
 SYNTH_PROXY_PUBLIC_URL = os.environ.get("SYNTH_PROXY_PUBLIC_URL", "").rstrip("/") or None
 # The proxy serves the Anthropic endpoints on this Unix socket (uvicorn --uds); trials

@@ -14,6 +14,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
 from apps.objects.store import ObjectCorrupt, store_get
@@ -52,14 +53,17 @@ def snapshot_sha256(snapshot: str) -> str | None:
     return digest
 
 
-def package_materialize(*, sha256: str, cache_dir: Path) -> Path:
+def package_materialize(*, sha256: str, cache_dir: Path, keep: int | None = None) -> Path:
     """The directory holding the package ``sha256``, unpacked once into ``cache_dir/<sha256>``.
 
     The bytes are checked against the digest before anything is written; the unpacked tree
     appears atomically (a rename), so concurrent callers and crashes never see half of it.
+    With ``keep``, the cache is then pruned to the ``keep`` most recently used packages
+    (see ``cache_prune``).
     """
     target = Path(cache_dir) / sha256
     if (target / _COMPLETE).is_file():
+        os.utime(target / _COMPLETE)  # most recently used
         return target
     with store_get().open(sha256=sha256) as stream:
         data = stream.read()
@@ -79,4 +83,25 @@ def package_materialize(*, sha256: str, cache_dir: Path) -> Path:
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+    if keep is not None:
+        cache_prune(cache_dir=Path(cache_dir), keep=keep)
     return target
+
+
+def cache_prune(*, cache_dir: Path, keep: int, idle_seconds: float = 600.0) -> list[str]:
+    """Remove unpacked packages beyond the ``keep`` most recently used, among those idle for
+    ``idle_seconds`` (a loader that just found one has long finished reading it by then;
+    loaded weights live in memory, not in these files). Returns the digests removed."""
+    entries = []
+    for entry in Path(cache_dir).iterdir():
+        marker = entry / _COMPLETE
+        if entry.is_dir() and marker.is_file():
+            entries.append((marker.stat().st_mtime, entry))
+    entries.sort(reverse=True)
+    removed = []
+    now = time.time()
+    for used_at, entry in entries[keep:]:
+        if now - used_at >= idle_seconds:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry.name)
+    return removed

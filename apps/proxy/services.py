@@ -156,7 +156,9 @@ def sampler_config(*, route: ModelRoute, snapshot: str) -> dict[str, Any]:
         except ValueError as exc:
             raise ApiError(str(exc)) from exc
         if digest is not None:
-            directory = package_materialize(sha256=digest, cache_dir=Path(settings.SYNTH_WEIGHTS_CACHE_DIR))
+            directory = package_materialize(
+                sha256=digest, cache_dir=Path(settings.SYNTH_WEIGHTS_CACHE_DIR), keep=settings.SYNTH_WEIGHTS_CACHE_KEEP
+            )
             return {**config, "adapter_dir": str(directory)}
         if snapshot.startswith("/"):
             return {**config, "adapter_dir": snapshot}

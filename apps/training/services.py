@@ -242,7 +242,9 @@ def _state_to_backend(*, trainer: Trainer) -> str:
     """The backend path of the trainer's saved state (unpacking a local package)."""
     digest = snapshot_sha256(trainer.state_path)
     if digest is not None:
-        return f"{LOCAL_SCHEME}{package_materialize(sha256=digest, cache_dir=_local_root() / 'states')}"
+        # Only the newest states are ever resumed from; keep a few.
+        directory = package_materialize(sha256=digest, cache_dir=_local_root() / "states", keep=4)
+        return f"{LOCAL_SCHEME}{directory}"
     return trainer.state_path
 
 

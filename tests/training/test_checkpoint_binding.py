@@ -100,3 +100,27 @@ def test_the_proxy_unpacks_a_checkpoint_package_once_and_checks_its_digest(check
         sampler_config(route=route, snapshot="object:sha256:xyz")
     with pytest.raises(ApiError, match="cannot serve snapshot"):
         sampler_config(route=route, snapshot="tinker://run/sampler_weights/1")
+
+
+def test_the_unpacked_weights_cache_keeps_the_most_recently_used(tmp_path, adapter_package, alice):
+    import os
+    import time
+
+    from apps.objects.packages import cache_prune, package_materialize
+
+    digests = []
+    for i in range(3):  # three different packages (the same files, a different tar member)
+        extra = tmp_path / f"pkg{i}"
+        extra.mkdir()
+        (extra / "n.txt").write_text(str(i))
+        digests.append(object_put(org=alice.org, data=dir_pack(path=extra)).sha256)
+    cache = tmp_path / "cache"
+    for i, digest in enumerate(digests):
+        path = package_materialize(sha256=digest, cache_dir=cache)
+        os.utime(path / ".complete", (time.time() - 3600 + i, time.time() - 3600 + i))  # all idle, oldest first
+    package_materialize(sha256=digests[0], cache_dir=cache)  # used again: now the newest
+    assert cache_prune(cache_dir=cache, keep=2) == [digests[1]]
+    assert sorted(p.name for p in cache.iterdir()) == sorted([digests[0], digests[2]])
+    # Recently used entries survive even beyond `keep`: a loader may still be reading them.
+    assert cache_prune(cache_dir=cache, keep=0) == [digests[2]]
+    assert [p.name for p in cache.iterdir()] == [digests[0]]
