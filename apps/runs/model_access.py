@@ -30,6 +30,7 @@ import shutil
 import socket
 import stat
 import tempfile
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -175,8 +176,32 @@ def staged_for_sandbox(*, path: Path) -> Path:
         partial = folder / f".{path.name}.{os.getpid()}.part"
         shutil.copyfile(path, partial)
         partial.chmod(0o755)
+        (folder / STAGED_SOURCE).write_text(str(path))
         os.replace(partial, target)
+        staged_prune(root=folder.parent, keep=folder)
+    else:
+        os.utime(folder)  # in use: not to be pruned
     return target
+
+
+STAGED_SOURCE = ".source"
+
+
+def staged_prune(*, root: Path, keep: Path, idle_seconds: float = 3600.0) -> list[Path]:
+    """Remove staged copies that are superseded (same source, another size or mtime) or
+    orphaned (their source is gone) and idle for ``idle_seconds``: each is a whole Claude
+    Code executable (~200 MB). Copies still used are touched on every use."""
+    removed = []
+    now = time.time()
+    for folder in root.iterdir():
+        if folder == keep or not (folder / STAGED_SOURCE).is_file():
+            continue
+        source = Path((folder / STAGED_SOURCE).read_text())
+        superseded = source == Path((keep / STAGED_SOURCE).read_text()) or not source.exists()
+        if superseded and now - folder.stat().st_mtime >= idle_seconds:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
 
 
 def claude_code_check(*, path: Path) -> None:

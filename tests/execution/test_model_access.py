@@ -298,3 +298,27 @@ def test_a_trial_sees_the_bridge_and_its_credential_is_revoked_after(
     # The plan that was launched names the model, never the secret.
     text = object_read(obj=trial.artifacts.get(name="launch-plan.json").object).decode()
     assert '"route":"qwen3-unit"' in text.replace(" ", "") and "synm_" not in text
+
+
+def test_a_private_executable_is_staged_once_and_superseded_copies_are_pruned(tmp_path, monkeypatch):
+    import os
+    import time
+
+    from apps.runs.model_access import staged_for_sandbox
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    exe = private / "claude"
+    exe.write_bytes(b"\x7fELF v1")
+    first = staged_for_sandbox(path=exe)
+    assert first != exe and first.read_bytes() == b"\x7fELF v1" and first.stat().st_mode & 0o777 == 0o755
+    assert staged_for_sandbox(path=exe) == first  # reused while unchanged
+
+    exe.write_bytes(b"\x7fELF v2, a new release")  # the installed executable changed
+    os.utime(first.parent, (time.time() - 7200, time.time() - 7200))  # the old copy idles
+    second = staged_for_sandbox(path=exe)
+    assert second != first and second.read_bytes() == b"\x7fELF v2, a new release"
+    assert not first.parent.exists()  # superseded and idle: removed
+    assert [p.name for p in (tmp_path / "tmp" / "synth-sandbox-bin").iterdir()] == [second.parent.name]
