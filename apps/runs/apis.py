@@ -45,6 +45,7 @@ class RunOutputSerializer(serializers.Serializer):
             "actor": _profile_ref(spec.actor_version) if spec else None,
             "judge": _profile_ref(spec.judge_version) if spec else None,
             "model": spec.model_binding if spec else None,
+            "judge_model": spec.judge_binding if spec else None,
             "plan": spec.plan if spec else None,
             "summary": run.summary,
             "error": run.error or None,

@@ -83,6 +83,7 @@ class RunSpec(models.Model):
     )
     judge_digest = models.CharField(max_length=64, blank=True)
     model_binding = models.JSONField(help_text="the actor's model binding (route or checkpoint)")
+    judge_binding = models.JSONField(null=True, blank=True, help_text="the judge's model binding, if it has one")
     plan = models.JSONField()
     created_at = models.DateTimeField(auto_now_add=True)
 

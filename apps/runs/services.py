@@ -242,6 +242,11 @@ def run_submit(
     model_binding = model_binding_resolve(org=org, binding=recipe.get("model") or {})
     if request["kind"] == RunKind.TRAIN:
         _trainable_check(binding=model_binding)
+    # The judge's weights are pinned too (a checkpoint judge is resolved now, not per trial).
+    judge_binding = None
+    if judge is not None:
+        judge_model = profile_version_recipe(profile_version=judge).get("model")
+        judge_binding = model_binding_resolve(org=org, binding=judge_model, field="judge") if judge_model else None
 
     try:
         with transaction.atomic():
@@ -262,6 +267,7 @@ def run_submit(
                 judge_version=judge,
                 judge_digest=judge.digest if judge else "",
                 model_binding=model_binding,
+                judge_binding=judge_binding,
                 plan=request["plan"],
             )
             event_append(

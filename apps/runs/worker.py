@@ -36,7 +36,6 @@ from apps.runs.admission import (
     node_register,
     node_usage,
 )
-from apps.runs.bindings import model_binding_resolve
 from apps.runs.execution import TrialOutcome, trial_claim, trial_complete, trial_mark_running
 from apps.runs.judges import JUDGE_LOGS_DIR, judge_instruction
 from apps.runs.model_access import (
@@ -223,7 +222,7 @@ def trial_execute(*, trial_id: str) -> None:
             if judge is not None:
                 who = "judge"
                 judge_access = model_access_open(
-                    trial=trial, recipe=judge, binding=_judge_binding(trial=trial, recipe=judge), role="judge"
+                    trial=trial, recipe=judge, binding=_judge_binding(trial=trial), role="judge"
                 )
         except (ModelAccessError, NotFound) as exc:
             # Before any sandbox exists: nothing to clean up, and the message says what to fix.
@@ -348,9 +347,9 @@ def _judge_recipe(*, trial: Trial) -> dict[str, Any] | None:
     return profile_version_recipe(profile_version=judge) if judge is not None else None
 
 
-def _judge_binding(*, trial: Trial, recipe: dict[str, Any]) -> dict[str, Any]:
-    """The judge's own model binding (a checkpoint resolved in the run's organization)."""
-    return model_binding_resolve(org=trial.run.org, binding=recipe.get("model") or {}, field="judge")
+def _judge_binding(*, trial: Trial) -> dict[str, Any]:
+    """The judge's own model binding, as pinned at admission."""
+    return dict(trial.run.spec.judge_binding or {})
 
 
 def trial_launch_plan(

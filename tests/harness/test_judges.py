@@ -36,6 +36,7 @@ def test_a_model_judges_calls_are_its_own_and_never_the_attempts(stack, alice, p
         judge=publish(alice, "mini-judge", mini),  # the tiny model never writes a verdict
         plan={"attempts_per_task": 1, "task_names": ["*plain-reply"]},
     )
+    assert alice.client.get(f"/api/runs/{run_id}").json()["judge_model"] == {"route": "qwen3-8b"}
     run = finished(run_id, stack, timeout=240)
     (trial,) = Trial.objects.filter(run=run)
     assert trial.status == "failed" and trial.error_type == "RewardFileNotFoundError", (
