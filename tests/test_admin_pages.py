@@ -1,4 +1,5 @@
 """Every admin page an operator uses renders: changelists and change views of each model."""
+
 from __future__ import annotations
 
 import pytest

@@ -48,17 +48,19 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 from harbor.models.trial.config import AgentConfig
 
-from apps.profiles.launcher import AGENT_LOGS_DIR, ARTIFACT_OUTPUTS_DIR, SYNTH_MINI_PATH, LaunchError, LaunchPlan
+from apps.profiles.launcher import ARTIFACT_OUTPUTS_DIR, SYNTH_MINI_PATH, LaunchError, LaunchPlan
 
 IMPORT_PATH = "apps.runs.agents:RecipeAgent"
 # Harbor treats a name containing CREDENTIAL as sensitive (redacted in config.json,
 # scrubbed from the trial directory).
 CREDENTIAL_ENV = "SYNTH_MODEL_CREDENTIAL"
-EXIT_CODE_PATH = f"{AGENT_LOGS_DIR}/exit-code.txt"  # for an agent; a judge's are under its plan's logs_dir
-PLAN_PATH = f"{AGENT_LOGS_DIR}/launch-plan.json"
-# argument / stdin delivery read the instruction from here, so a long instruction never
-# has to fit into the `bash -c` string (one argument is limited to 128 KiB on Linux).
-INSTRUCTION_PATH = f"{AGENT_LOGS_DIR}/instruction.txt"
+# Bookkeeping files, under the launch plan's logs_dir (/logs/agent for an agent, a
+# directory under /logs/verifier for a judge). argument / stdin delivery read the
+# instruction from its file, so a long instruction never has to fit into the `bash -c`
+# string (one argument is limited to 128 KiB on Linux).
+EXIT_CODE_FILE = "exit-code.txt"
+PLAN_FILE = "launch-plan.json"
+INSTRUCTION_FILE = "instruction.txt"
 # The built-in minimal agent (engine synth-mini): one standard-library file, uploaded
 # into the sandbox during setup and run by the sandbox's python3.
 SYNTH_MINI_SOURCE = Path(__file__).with_name("mini_agent.py")
@@ -129,9 +131,9 @@ class RecipeAgent(BaseAgent):
         self._task_dir = Path(task_dir) if task_dir is not None else None
         self._digest = self.plan.digest()
         logs = self.plan.logs_dir
-        self._exit_code_path = f"{logs}/exit-code.txt"
-        self._plan_path = f"{logs}/launch-plan.json"
-        self._instruction_path = f"{logs}/instruction.txt"
+        self._exit_code_path = f"{logs}/{EXIT_CODE_FILE}"
+        self._plan_path = f"{logs}/{PLAN_FILE}"
+        self._instruction_path = f"{logs}/{INSTRUCTION_FILE}"
 
     @staticmethod
     def name() -> str:
@@ -340,7 +342,7 @@ class RestoreAgent(BaseAgent):
             user="root",
         )
         if result.return_code != 0:
-            raise SetupCommandFailed(f"cannot reset {self._workdir}: {self._tail(result.stdout, result.stderr)}")
+            raise SetupCommandFailed(f"cannot reset {self._workdir}: {RecipeAgent._tail(result.stdout, result.stderr)}")
         if files:
             await environment.upload_dir(source_dir=self._source_dir, target_dir=self._workdir)
         user = environment.default_user
@@ -352,7 +354,3 @@ class RestoreAgent(BaseAgent):
             "files": len(files),
             "workdir": self._workdir,
         }
-
-    @staticmethod
-    def _tail(stdout: str | None, stderr: str | None) -> str:
-        return RecipeAgent._tail(stdout, stderr)

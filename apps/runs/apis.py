@@ -373,7 +373,7 @@ def trial_dict(trial: Any) -> dict[str, Any]:
     }
 
 
-class _RunCollectionApi(APIView):
+class RunCollectionApi(APIView):
     """A paged list of one run's records, oldest first, with optional filters."""
 
     class FilterSerializer(serializers.Serializer):
@@ -395,7 +395,7 @@ class _RunCollectionApi(APIView):
 
 
 @extend_schema_view(get=extend_schema(responses={200: dict}))
-class RunGroupsApi(_RunCollectionApi):
+class RunGroupsApi(RunCollectionApi):
     def rows(self, *, run: Run, filters: dict[str, Any]) -> Any:
         return selectors.group_list(run=run)
 
@@ -403,7 +403,7 @@ class RunGroupsApi(_RunCollectionApi):
         return [group_dict(g) for g in rows]
 
 
-class RunTrialsApi(_RunCollectionApi):
+class RunTrialsApi(RunCollectionApi):
     class FilterSerializer(serializers.Serializer):
         status = serializers.CharField(required=False)
 
@@ -418,7 +418,7 @@ class RunTrialsApi(_RunCollectionApi):
         return super().get(request, run_id)
 
 
-class RunArtifactsApi(_RunCollectionApi):
+class RunArtifactsApi(RunCollectionApi):
     """Artifacts with their digest, size and a time-limited download grant."""
 
     class FilterSerializer(serializers.Serializer):

@@ -72,11 +72,15 @@ def run_dispatch(*, run_id: str) -> int:
         return _run_start(run=run, now=now, groups=groups, trials=trials)
 
 
-def _run_start(*, run: Run, now: Any, groups: list[SamplingGroup], trials: list[Trial]) -> int:
+def _run_mark_started(*, run: Run, now: Any, data: dict[str, Any]) -> None:
     run.status = RunStatus.RUNNING
     run.started_at = run.started_at or now
     run.save(update_fields=["status", "started_at", "updated_at"])
-    event_append(run_id=run.id, type="run.started", data={"groups": len(groups), "trials": len(trials)})
+    event_append(run_id=run.id, type="run.started", data=data)
+
+
+def _run_start(*, run: Run, now: Any, groups: list[SamplingGroup], trials: list[Trial]) -> int:
+    _run_mark_started(run=run, now=now, data={"groups": len(groups), "trials": len(trials)})
     if not trials:
         _run_finalize(run=run)
     else:
@@ -142,10 +146,7 @@ def _train_run_start(*, run: Run, now: Any) -> int:
         run.save(update_fields=["status", "error", "finished_at", "updated_at"])
         event_append(run_id=run.id, type="run.failed", data={"error": run.error})
         return 0
-    run.status = RunStatus.RUNNING
-    run.started_at = run.started_at or now
-    run.save(update_fields=["status", "started_at", "updated_at"])
-    event_append(run_id=run.id, type="run.started", data={"kind": "train"})
+    _run_mark_started(run=run, now=now, data={"kind": "train"})
     run_id = run.id
     transaction.on_commit(lambda: signals.train_run_started.send(sender=Run, run_id=run_id))
     return 0

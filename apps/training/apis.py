@@ -10,7 +10,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.core.pagination import OldestFirstPagination
+from apps.runs.apis import RunCollectionApi
+from apps.runs.models import Run
 from apps.training import selectors
 from apps.training.models import Checkpoint, LearningUpdate
 
@@ -54,23 +55,24 @@ def update_dict(update: LearningUpdate) -> dict[str, Any]:
     }
 
 
-class _PagedApi(APIView):
-    def page(self, request: Request, rows: Any, render: Any) -> Response:
-        paginator = OldestFirstPagination()
-        page = paginator.paginate_queryset(rows, request, view=self)
-        return paginator.get_paginated_response([render(row) for row in page])
+class RunUpdatesApi(RunCollectionApi):
+    """Learning updates of a train run, by step."""
+
+    def rows(self, *, run: Run, filters: dict[str, Any]) -> Any:
+        return selectors.run_updates(run=run)
+
+    def render(self, rows: list[Any], request: Request) -> list[dict[str, Any]]:
+        return [update_dict(u) for u in rows]
 
 
-class RunUpdatesApi(_PagedApi):
-    @extend_schema(responses={200: dict}, description="Learning updates of a train run, by step.")
-    def get(self, request: Request, run_id: str) -> Response:
-        return self.page(request, selectors.run_updates(org=request.auth.org, run_id=run_id), update_dict)
+class RunCheckpointsApi(RunCollectionApi):
+    """Checkpoints a train run saved, by step."""
 
+    def rows(self, *, run: Run, filters: dict[str, Any]) -> Any:
+        return selectors.run_checkpoints(run=run)
 
-class RunCheckpointsApi(_PagedApi):
-    @extend_schema(responses={200: dict}, description="Checkpoints a train run saved, by step.")
-    def get(self, request: Request, run_id: str) -> Response:
-        return self.page(request, selectors.run_checkpoints(org=request.auth.org, run_id=run_id), checkpoint_dict)
+    def render(self, rows: list[Any], request: Request) -> list[dict[str, Any]]:
+        return [checkpoint_dict(c) for c in rows]
 
 
 class CheckpointDetailApi(APIView):

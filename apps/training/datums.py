@@ -158,7 +158,8 @@ def attempt_datums(*, attempt: Attempt, advantage: float) -> list[PackedDatum]:
     for call in attempt.calls:
         by_agent.setdefault(call.agent, []).append(call)
     out: list[PackedDatum] = []
-    for agent in sorted(by_agent, key=lambda a: (a != "", list(by_agent).index(a))):
+    # Main agent first; subagents in order of their first call (the sort is stable).
+    for agent in sorted(by_agent, key=lambda a: a != ""):
         out.extend(trajectory_datums(trial_id=attempt.trial_id, calls=by_agent[agent], advantage=advantage))
     return out
 

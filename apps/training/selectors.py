@@ -12,20 +12,12 @@ from apps.runs.models import Run, RunSpec, SamplingGroup
 from apps.training.models import Checkpoint, LearningUpdate
 
 
-def _run_get(*, org: Organization, run_id: str) -> Run:
-    run = Run.objects.filter(org=org, pk=run_id).first()
-    if run is None:
-        raise NotFound(f"run {run_id} not found")
-    return run
-
-
-def run_updates(*, org: Organization, run_id: str) -> QuerySet[LearningUpdate]:
-    run = _run_get(org=org, run_id=run_id)
+def run_updates(*, run: Run) -> QuerySet[LearningUpdate]:
+    """A run's learning updates (the caller fetched the run within its organization)."""
     return LearningUpdate.objects.filter(run=run).select_related("checkpoint")
 
 
-def run_checkpoints(*, org: Organization, run_id: str) -> QuerySet[Checkpoint]:
-    run = _run_get(org=org, run_id=run_id)
+def run_checkpoints(*, run: Run) -> QuerySet[Checkpoint]:
     return Checkpoint.objects.filter(run=run)
 
 

@@ -268,7 +268,10 @@ def _training_client(*, trainer: Trainer, plan: dict[str, Any]) -> Any:
 
 def _client_forget(run_id: str) -> None:
     with _clients_lock:
-        _clients.pop(run_id, None)
+        cached = _clients.pop(run_id, None)
+    close = getattr(cached[1], "close", None) if cached else None
+    if close is not None:
+        close()  # the local backend's ordered worker thread and model
 
 
 def _persist(*, run: Run, path: str) -> tuple[str, str, int | None]:

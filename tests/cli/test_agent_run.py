@@ -1,4 +1,5 @@
 """`synth agent run`: one local attempt with the workers' launcher and sandbox."""
+
 from __future__ import annotations
 
 import json
@@ -21,15 +22,26 @@ def synth(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_oracle_and_noop_attempts_run_locally(tmp_path):
-    out = synth("agent", "run", "--profile", f"@{ROOT}/examples/oracle-agent.json", "--task", str(TASK), "--json",
-                "--out", str(tmp_path / "trials"), cwd=tmp_path)
+    out = synth(
+        "agent",
+        "run",
+        "--profile",
+        f"@{ROOT}/examples/oracle-agent.json",
+        "--task",
+        str(TASK),
+        "--json",
+        "--out",
+        str(tmp_path / "trials"),
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["rewards"] == {"reward": 1.0} and result["error"] is None
     assert Path(result["trial_dir"]).is_dir()
     assert "DEBUG" not in out.stderr
-    noop = synth("agent", "run", "--profile", f"@{ROOT}/examples/noop-agent.json", "--task", str(TASK), "--json",
-                 cwd=tmp_path)
+    noop = synth(
+        "agent", "run", "--profile", f"@{ROOT}/examples/noop-agent.json", "--task", str(TASK), "--json", cwd=tmp_path
+    )
     assert noop.returncode == 0 and json.loads(noop.stdout)["rewards"] == {"reward": 0.0}
 
 
@@ -38,11 +50,20 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     bad.write_text("{not json")
     out = synth("agent", "run", "--profile", f"@{bad}", "--task", str(TASK), cwd=tmp_path)
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "invalid JSON" in out.stderr
-    out = synth("agent", "run", "--profile", f"@{ROOT}/examples/oracle-agent.json", "--task", str(tmp_path),
-                cwd=tmp_path)
+    out = synth(
+        "agent", "run", "--profile", f"@{ROOT}/examples/oracle-agent.json", "--task", str(tmp_path), cwd=tmp_path
+    )
     assert out.returncode == 2 and "not a Harbor task folder" in out.stderr
     recipe = tmp_path / "r.json"
-    recipe.write_text(json.dumps({"engine": {"name": "command", "version": "1"}, "limits": {"timeout_sec": 5},
-                                  "command": ["true"], "env": {"ANTHROPIC_BASE_URL": "http://x"}}))
+    recipe.write_text(
+        json.dumps(
+            {
+                "engine": {"name": "command", "version": "1"},
+                "limits": {"timeout_sec": 5},
+                "command": ["true"],
+                "env": {"ANTHROPIC_BASE_URL": "http://x"},
+            }
+        )
+    )
     out = synth("agent", "run", "--profile", f"@{recipe}", "--task", str(TASK), cwd=tmp_path)
     assert out.returncode == 1 and "ANTHROPIC_BASE_URL" in out.stderr, out.stderr

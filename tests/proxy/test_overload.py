@@ -1,4 +1,5 @@
 """A database that refuses connections is an overload (529, retry), never a 500."""
+
 from __future__ import annotations
 
 import json

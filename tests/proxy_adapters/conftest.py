@@ -4,6 +4,7 @@ Uses settings.SYNTH_TOKENIZER_DIR when every family there is already up to date 
 developer ran `manage.py provision_tokenizers`); otherwise provisions into a session temp dir
 through the management command itself.
 """
+
 from __future__ import annotations
 
 import io

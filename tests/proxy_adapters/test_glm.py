@@ -1,5 +1,6 @@
 """GLM-4.5 / 4.6 adapter: rendering against the official GLM-4.6 template (the only reference:
 tml-renderers and tinker-cookbook have GLM-5 renderers, another format), parsing, round trips."""
+
 from __future__ import annotations
 
 import random
@@ -48,8 +49,9 @@ def official_text(request: dict[str, Any], **kwargs: Any) -> str:
 
 @pytest.mark.parametrize("thinking", [None, OFF], ids=["thinking", "nothink"])
 @pytest.mark.parametrize("name", sorted(CONVERSATIONS))
-def test_render_matches_official_template(adapter: GlmAdapter, tokenizer: Any, name: str,
-                                          thinking: dict[str, Any] | None) -> None:
+def test_render_matches_official_template(
+    adapter: GlmAdapter, tokenizer: Any, name: str, thinking: dict[str, Any] | None
+) -> None:
     request = dict(CONVERSATIONS[name])
     if thinking is not None:
         request["thinking"] = thinking
@@ -62,8 +64,9 @@ def test_render_matches_official_template(adapter: GlmAdapter, tokenizer: Any, n
 
 
 @pytest.mark.parametrize("thinking", [None, OFF], ids=["thinking", "nothink"])
-def test_reference_environment_is_transformers(adapter: GlmAdapter, tokenizer_root: Any,
-                                               thinking: dict[str, Any] | None) -> None:
+def test_reference_environment_is_transformers(
+    adapter: GlmAdapter, tokenizer_root: Any, thinking: dict[str, Any] | None
+) -> None:
     request = {**CONVERSATIONS["thinking"], "thinking": thinking}
     messages, tools = chat_messages(request)
     kwargs = {"enable_thinking": False} if thinking else {}
@@ -77,14 +80,18 @@ def test_format_details(adapter: GlmAdapter, tokenizer: Any) -> None:
     assert '<tools>\n{"type": "function", "function": {"name": "get_weather", "description": "Get the weather' in text
     assert "Über-useful" in text and "web_search" not in text  # ensure_ascii=False; server tool skipped
     assert text.count("<|system|>") == 2  # the tools block, then the system prompt
-    assert ("<|assistant|>\n<think></think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris"
-            "</arg_value>\n</tool_call>\n<tool_call>Bash\n<arg_key>command</arg_key>\n<arg_value>date</arg_value>\n"
-            "<arg_key>run_in_background</arg_key>\n<arg_value>false</arg_value>\n</tool_call>"
-            "<|observation|>\n<tool_response>\nRain\n</tool_response>\n<tool_response>\nError: command not found\n"
-            "</tool_response><|assistant|>") in text
+    assert (
+        "<|assistant|>\n<think></think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris"
+        "</arg_value>\n</tool_call>\n<tool_call>Bash\n<arg_key>command</arg_key>\n<arg_value>date</arg_value>\n"
+        "<arg_key>run_in_background</arg_key>\n<arg_value>false</arg_value>\n</tool_call>"
+        "<|observation|>\n<tool_response>\nRain\n</tool_response>\n<tool_response>\nError: command not found\n"
+        "</tool_response><|assistant|>"
+    ) in text
     rendered = adapter.render(request={**CONVERSATIONS["system_user"], "thinking": OFF})
-    assert rendered.text == ("[gMASK]<sop><|system|>\nYou are a careful assistant.\nAnswer briefly.<|user|>\n"
-                             "Hello, world!/nothink<|assistant|>\n<think></think>")
+    assert rendered.text == (
+        "[gMASK]<sop><|system|>\nYou are a careful assistant.\nAnswer briefly.<|user|>\n"
+        "Hello, world!/nothink<|assistant|>\n<think></think>"
+    )
     # Literal ids (shared/research/tokenizers.md): [gMASK] 151331, <sop> 151333, <|system|> 151335,
     # /nothink 151360, <|assistant|> 151337, <think> 151350, </think> 151351.
     assert rendered.token_ids[:3] == [151331, 151333, 151335]
@@ -103,8 +110,10 @@ def test_mid_conversation_system_and_images(adapter: GlmAdapter) -> None:
     assert "\nHello<|system|>\nContext was compacted.<|user|>\nContinue<|assistant|>" in text
     text = adapter.render(request=CONVERSATIONS["blocks"]).text
     assert "<|user|>\n[image: image/png, 108 bytes omitted]\nWhat is in the image?<|assistant|>" in text
-    assert ("<|observation|>\n<tool_response>\nPNG image\n[image: image/jpeg, 108 bytes omitted]\n</tool_response>"
-            "<|user|>\n<system-reminder>Be brief.</system-reminder><|assistant|>") in text
+    assert (
+        "<|observation|>\n<tool_response>\nPNG image\n[image: image/jpeg, 108 bytes omitted]\n</tool_response>"
+        "<|user|>\n<system-reminder>Be brief.</system-reminder><|assistant|>"
+    ) in text
 
 
 def test_prefill(adapter: GlmAdapter) -> None:
@@ -122,23 +131,32 @@ def sample(tokenizer: Any, text: str, stop: int | None = OBSERVATION_ID) -> list
 
 
 def call_text(name: str, args: list[tuple[str, str]]) -> str:
-    return ("<tool_call>" + name + "\n"
-            + "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n" for k, v in args) + "</tool_call>")
+    return (
+        "<tool_call>"
+        + name
+        + "\n"
+        + "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n" for k, v in args)
+        + "</tool_call>"
+    )
 
 
 def test_parse_reasoning_and_text(adapter: GlmAdapter, tokenizer: Any) -> None:
-    parsed = adapter.parse(token_ids=sample(tokenizer, "\n<think>Greeting.</think>\nHello there!", USER_ID),
-                           stopped=True)
-    assert parsed.blocks == [{"type": "thinking", "thinking": "Greeting.", "signature": ""},
-                             {"type": "text", "text": "Hello there!"}]
+    parsed = adapter.parse(
+        token_ids=sample(tokenizer, "\n<think>Greeting.</think>\nHello there!", USER_ID), stopped=True
+    )
+    assert parsed.blocks == [
+        {"type": "thinking", "thinking": "Greeting.", "signature": ""},
+        {"type": "text", "text": "Hello there!"},
+    ]
     assert parsed.stop_reason == "end_turn" and parsed.parse_errors == []
     nothink = adapter.parse(token_ids=sample(tokenizer, "\nHi.", USER_ID), stopped=True)
     assert nothink.blocks == [{"type": "text", "text": "Hi."}]
 
 
 def test_parse_single_call_with_typed_arguments(adapter: GlmAdapter, tokenizer: Any) -> None:
-    text = ("\n<think>Need the weather.</think>\nLet me look.\n"
-            + call_text("get_weather", [("city", "New York"), ("days", "3")]))
+    text = "\n<think>Need the weather.</think>\nLet me look.\n" + call_text(
+        "get_weather", [("city", "New York"), ("days", "3")]
+    )
     parsed = adapter.parse(token_ids=sample(tokenizer, text), stopped=True)
     assert [b["type"] for b in parsed.blocks] == ["thinking", "text", "tool_use"]
     use = parsed.blocks[2]
@@ -157,20 +175,32 @@ def test_parse_uses_the_schema_for_string_arguments(adapter: GlmAdapter, tokeniz
 
 
 def test_parse_multiple_calls(adapter: GlmAdapter, tokenizer: Any) -> None:
-    text = ("\n<think>Two things.</think>\n" + call_text("get_weather", [("city", "Paris")]) + "\n"
-            + call_text("Bash", [("command", "echo 'a\nb'")]) + "\n" + call_text("noargs", []))
+    text = (
+        "\n<think>Two things.</think>\n"
+        + call_text("get_weather", [("city", "Paris")])
+        + "\n"
+        + call_text("Bash", [("command", "echo 'a\nb'")])
+        + "\n"
+        + call_text("noargs", [])
+    )
     parsed = adapter.parse(token_ids=sample(tokenizer, text), stopped=True, id_seed="r")
     uses = [b for b in parsed.blocks if b["type"] == "tool_use"]
-    assert [(u["name"], u["input"]) for u in uses] == [("get_weather", {"city": "Paris"}),
-                                                       ("Bash", {"command": "echo 'a\nb'"}), ("noargs", {})]
+    assert [(u["name"], u["input"]) for u in uses] == [
+        ("get_weather", {"city": "Paris"}),
+        ("Bash", {"command": "echo 'a\nb'"}),
+        ("noargs", {}),
+    ]
     assert len({u["id"] for u in uses}) == 3 and parsed.stop_reason == "tool_use"
 
 
-@pytest.mark.parametrize("bad", [
-    "<tool_call>\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>",    # no name
-    '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>',      # JSON, not XML
-    "<tool_call>get_weather\n<arg_key>city</arg_key>\nParis\n</tool_call>",               # value not wrapped
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "<tool_call>\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>",  # no name
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>',  # JSON, not XML
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\nParis\n</tool_call>",  # value not wrapped
+    ],
+)
 def test_malformed_call_becomes_text_with_an_error(adapter: GlmAdapter, tokenizer: Any, bad: str) -> None:
     parsed = adapter.parse(token_ids=sample(tokenizer, "\n" + bad), stopped=True)
     assert parsed.stop_reason == "end_turn"
@@ -190,10 +220,15 @@ def test_parse_never_raises(adapter: GlmAdapter) -> None:
     rng = random.Random(5)
     specials = [151336, 151338, 151350, 151351, 151352, 151353, 151356, 151357, 151358, 151359]
     for _ in range(200):
-        token_ids = [rng.choice(specials) if rng.random() < 0.3 else rng.randrange(100, 150000)
-                     for _ in range(rng.randrange(0, 40))]
+        token_ids = [
+            rng.choice(specials) if rng.random() < 0.3 else rng.randrange(100, 150000)
+            for _ in range(rng.randrange(0, 40))
+        ]
         assert adapter.parse(token_ids=token_ids, stopped=rng.random() < 0.5).stop_reason in (
-            "end_turn", "tool_use", "max_tokens")
+            "end_turn",
+            "tool_use",
+            "max_tokens",
+        )
 
 
 # --- round trips -----------------------------------------------------------------------------
@@ -201,8 +236,9 @@ def test_parse_never_raises(adapter: GlmAdapter) -> None:
 
 @pytest.mark.parametrize("thinking", [None, OFF], ids=["thinking", "nothink"])
 @pytest.mark.parametrize("canonical", [True, False], ids=["canonical", "non-canonical"])
-def test_round_trip_of_a_tool_turn_is_append_only(tokenizer: Any, thinking: dict[str, Any] | None,
-                                                  canonical: bool) -> None:
+def test_round_trip_of_a_tool_turn_is_append_only(
+    tokenizer: Any, thinking: dict[str, Any] | None, canonical: bool
+) -> None:
     """The sampled turn and its stop token (<|observation|>, which starts the tool results)
     are in the next prompt. Non-canonical: no newline between </arg_key> and <arg_value>,
     kept exact by the sampled-turn memo."""
@@ -219,7 +255,7 @@ def test_round_trip_of_a_tool_turn_is_append_only(tokenizer: Any, thinking: dict
     parsed = adapter.parse(token_ids=sampled, stopped=True, tools=TOOLS)
     assert parsed.stop_reason == "tool_use" and parsed.blocks[-1]["input"] == {"command": "cat a.txt", "timeout": 5}
     follow = adapter.render(request=next_request(request, parsed.blocks, results_for(parsed.blocks))).token_ids
-    assert follow[:len(prompt) + len(sampled)] == prompt + sampled
+    assert follow[: len(prompt) + len(sampled)] == prompt + sampled
 
 
 def test_answer_reasoning_is_dropped_after_the_next_user_message(adapter: GlmAdapter, tokenizer: Any) -> None:
@@ -231,7 +267,7 @@ def test_answer_reasoning_is_dropped_after_the_next_user_message(adapter: GlmAda
     follow["messages"].append({"role": "user", "content": "Bye"})
     rendered = adapter.render(request=follow).token_ids
     expected = prompt + ids(tokenizer, "\n<think></think>\nYou're welcome!") + [USER_ID]
-    assert rendered[:len(expected)] == expected
+    assert rendered[: len(expected)] == expected
 
 
 def test_registered() -> None:

@@ -1,5 +1,6 @@
 """Kimi K2 Thinking adapter: rendering against the official template (llama.cpp's changes
 undone) and tml-renderers' KimiK2, parsing with the model's own tool-call ids, round trips."""
+
 from __future__ import annotations
 
 import json
@@ -60,8 +61,7 @@ def test_render_matches_official_template(adapter: KimiK2Adapter, tokenizer: Any
 def test_reference_environment_is_transformers(adapter: KimiK2Adapter, tokenizer_root: Any) -> None:
     request = CONVERSATIONS["thinking"]
     messages, tools = chat_messages(request)
-    text = hf_apply_chat_template(tokenizer_root / "kimi-k2", kimi_k2_thinking_template(), messages,
-                                  deep_sorted(tools))
+    text = hf_apply_chat_template(tokenizer_root / "kimi-k2", kimi_k2_thinking_template(), messages, deep_sorted(tools))
     assert text == official_text(request) == adapter.render(request=request).text
 
 
@@ -82,13 +82,17 @@ def test_format_details(adapter: KimiK2Adapter, tokenizer: Any) -> None:
     assert '"required":["city"],"type":"object"}},"type":"function"}' in text  # compact, keys sorted
     assert "web_search" not in text  # server tools are not functions
     assert "<|im_system|>system<|im_middle|>You are an agent.<|im_end|>" in text
-    assert (f"{HEADER}<think></think><|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
-            '<|tool_call_argument_begin|>{"city": "Paris", "days": 3}<|tool_call_end|><|tool_calls_section_end|>'
-            "<|im_end|><|im_system|>tool<|im_middle|>## Return of functions.get_weather:0\nSunny, 24°C<|im_end|>") in text
+    assert (
+        f"{HEADER}<think></think><|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+        '<|tool_call_argument_begin|>{"city": "Paris", "days": 3}<|tool_call_end|><|tool_calls_section_end|>'
+        "<|im_end|><|im_system|>tool<|im_middle|>## Return of functions.get_weather:0\nSunny, 24°C<|im_end|>"
+    ) in text
     assert text.endswith(f"<|im_user|>user<|im_middle|>Great.<|im_end|>{HEADER}")
     rendered = adapter.render(request=CONVERSATIONS["user_only"])
-    assert rendered.text == ("<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI."
-                             f"<|im_end|><|im_user|>user<|im_middle|>Hi there<|im_end|>{HEADER}")
+    assert rendered.text == (
+        "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI."
+        f"<|im_end|><|im_user|>user<|im_middle|>Hi there<|im_end|>{HEADER}"
+    )
     # Literal ids (shared/research/tokenizers.md): <|im_system|> 163594, <|im_middle|> 163601, ...
     assert rendered.token_ids[:2] == [163594, 14062] and rendered.token_ids[2] == 163601
     assert rendered.token_ids[-1] == 163601 and 163588 in rendered.token_ids[-4:]  # <|im_assistant|>..<|im_middle|>
@@ -97,8 +101,10 @@ def test_format_details(adapter: KimiK2Adapter, tokenizer: Any) -> None:
 
 def test_mid_conversation_system_is_rendered_in_place(adapter: KimiK2Adapter) -> None:
     text = adapter.render(request=CONVERSATIONS["mid_system"]).text
-    assert ("<think></think>Hello<|im_end|><|im_system|>system<|im_middle|>Context was compacted.<|im_end|>"
-            "<|im_user|>user<|im_middle|>Continue") in text
+    assert (
+        "<think></think>Hello<|im_end|><|im_system|>system<|im_middle|>Context was compacted.<|im_end|>"
+        "<|im_user|>user<|im_middle|>Continue"
+    ) in text
 
 
 def test_reasoning_kept_only_after_the_last_answer(adapter: KimiK2Adapter) -> None:
@@ -141,31 +147,38 @@ def section(*calls: str) -> str:
 
 
 def test_parse_reasoning_and_text(adapter: KimiK2Adapter, tokenizer: Any) -> None:
-    parsed = adapter.parse(token_ids=sample(tokenizer, "<think>A greeting.</think>Hello! How can I help?"),
-                           stopped=True)
-    assert parsed.blocks == [{"type": "thinking", "thinking": "A greeting.", "signature": ""},
-                             {"type": "text", "text": "Hello! How can I help?"}]
+    parsed = adapter.parse(
+        token_ids=sample(tokenizer, "<think>A greeting.</think>Hello! How can I help?"), stopped=True
+    )
+    assert parsed.blocks == [
+        {"type": "thinking", "thinking": "A greeting.", "signature": ""},
+        {"type": "text", "text": "Hello! How can I help?"},
+    ]
     assert parsed.stop_reason == "end_turn" and parsed.parse_errors == []
 
 
 def test_parse_single_call_keeps_the_model_id(adapter: KimiK2Adapter, tokenizer: Any) -> None:
     text = "<think>Need it.</think>Checking." + section(call_text("functions.get_weather:3", '{"city": "Paris"}'))
     parsed = adapter.parse(token_ids=sample(tokenizer, text), stopped=True)
-    assert parsed.blocks[1:] == [{"type": "text", "text": "Checking."},
-                                 {"type": "tool_use", "id": "functions.get_weather:3", "name": "get_weather",
-                                  "input": {"city": "Paris"}}]
+    assert parsed.blocks[1:] == [
+        {"type": "text", "text": "Checking."},
+        {"type": "tool_use", "id": "functions.get_weather:3", "name": "get_weather", "input": {"city": "Paris"}},
+    ]
     assert parsed.stop_reason == "tool_use"
 
 
 def test_parse_multiple_calls(adapter: KimiK2Adapter, tokenizer: Any) -> None:
-    text = section(call_text("functions.Bash:0", '{"command": "ls"}'),
-                   call_text("functions.mcp__fs__read_file:1", '{"path": "/x"}'),
-                   call_text(" functions.Bash:2 ", "{}"))
+    text = section(
+        call_text("functions.Bash:0", '{"command": "ls"}'),
+        call_text("functions.mcp__fs__read_file:1", '{"path": "/x"}'),
+        call_text(" functions.Bash:2 ", "{}"),
+    )
     parsed = adapter.parse(token_ids=sample(tokenizer, text), stopped=True)
     assert [(b["id"], b["name"], b["input"]) for b in parsed.blocks] == [
         ("functions.Bash:0", "Bash", {"command": "ls"}),
         ("functions.mcp__fs__read_file:1", "mcp__fs__read_file", {"path": "/x"}),
-        ("functions.Bash:2", "Bash", {})]
+        ("functions.Bash:2", "Bash", {}),
+    ]
     assert parsed.stop_reason == "tool_use"
 
 
@@ -175,12 +188,15 @@ def test_call_names() -> None:
     assert call_name("functions.get_weather") is None and call_name("functions.x:y") is None
 
 
-@pytest.mark.parametrize("bad", [
-    call_text("functions.Bash:0", '{"command": "l'),      # invalid JSON
-    call_text("functions.Bash:0", '"ls"'),                # not an object
-    call_text("Bash", '{"command": "ls"}'),               # id without :N
-    "<|tool_call_begin|>functions.Bash:0 {}<|tool_call_end|>",  # no argument marker
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        call_text("functions.Bash:0", '{"command": "l'),  # invalid JSON
+        call_text("functions.Bash:0", '"ls"'),  # not an object
+        call_text("Bash", '{"command": "ls"}'),  # id without :N
+        "<|tool_call_begin|>functions.Bash:0 {}<|tool_call_end|>",  # no argument marker
+    ],
+)
 def test_malformed_call_becomes_text_with_an_error(adapter: KimiK2Adapter, tokenizer: Any, bad: str) -> None:
     parsed = adapter.parse(token_ids=sample(tokenizer, section(bad)), stopped=True)
     assert parsed.stop_reason == "end_turn"
@@ -191,7 +207,9 @@ def test_truncated_output_is_max_tokens(adapter: KimiK2Adapter, tokenizer: Any) 
     parsed = adapter.parse(token_ids=sample(tokenizer, "<think>Still thinking about", stop=False), stopped=False)
     assert parsed.stop_reason == "max_tokens"
     assert parsed.blocks == [{"type": "thinking", "thinking": "Still thinking about", "signature": ""}]
-    cut = "<think>ok</think>" + "<|tool_calls_section_begin|>" + call_text("functions.Bash:0", '{"command": "ls"}')[:-20]
+    cut = (
+        "<think>ok</think>" + "<|tool_calls_section_begin|>" + call_text("functions.Bash:0", '{"command": "ls"}')[:-20]
+    )
     parsed = adapter.parse(token_ids=sample(tokenizer, cut, stop=False), stopped=False)
     assert parsed.stop_reason == "max_tokens" and parsed.parse_errors
     assert parsed.blocks[-1]["type"] == "text"
@@ -201,10 +219,15 @@ def test_parse_never_raises(adapter: KimiK2Adapter) -> None:
     rng = random.Random(11)
     specials = [163586, 163595, 163596, 163597, 163598, 163599, 163606, 163607]
     for _ in range(200):
-        token_ids = [rng.choice(specials) if rng.random() < 0.3 else rng.randrange(100, 160000)
-                     for _ in range(rng.randrange(0, 40))]
+        token_ids = [
+            rng.choice(specials) if rng.random() < 0.3 else rng.randrange(100, 160000)
+            for _ in range(rng.randrange(0, 40))
+        ]
         assert adapter.parse(token_ids=token_ids, stopped=rng.random() < 0.5).stop_reason in (
-            "end_turn", "tool_use", "max_tokens")
+            "end_turn",
+            "tool_use",
+            "max_tokens",
+        )
 
 
 # --- round trips -----------------------------------------------------------------------------
@@ -217,14 +240,19 @@ def test_round_trip_of_a_tool_turn_is_append_only(tokenizer: Any, args: str) -> 
     adapter = KimiK2Adapter(tokenizer=tokenizer)
     request = CONVERSATIONS["tool_loop_open"]
     prompt = adapter.render(request=request).token_ids
-    sampled = sample(tokenizer, "<think>Read the first file.</think>Reading." + section(
-        call_text("functions.Bash:1", args), call_text("functions.get_weather:2", '{"city": "Zürich"}')))
+    sampled = sample(
+        tokenizer,
+        "<think>Read the first file.</think>Reading."
+        + section(call_text("functions.Bash:1", args), call_text("functions.get_weather:2", '{"city": "Zürich"}')),
+    )
     parsed = adapter.parse(token_ids=sampled, stopped=True)
-    assert [b["id"] for b in parsed.blocks if b["type"] == "tool_use"] == ["functions.Bash:1",
-                                                                          "functions.get_weather:2"]
+    assert [b["id"] for b in parsed.blocks if b["type"] == "tool_use"] == [
+        "functions.Bash:1",
+        "functions.get_weather:2",
+    ]
     follow_request = next_request(request, parsed.blocks, results_for(parsed.blocks))
     follow = adapter.render(request=follow_request)
-    assert follow.token_ids[:len(prompt) + len(sampled)] == prompt + sampled
+    assert follow.token_ids[: len(prompt) + len(sampled)] == prompt + sampled
     assert "## Return of functions.Bash:1\ndone " in follow.text
     if args != json.dumps(json.loads(args), ensure_ascii=False):
         canonical = KimiK2Adapter(tokenizer=tokenizer).render(request=follow_request)
@@ -242,7 +270,7 @@ def test_final_answer_reasoning_is_dropped_on_the_next_turn(adapter: KimiK2Adapt
     rendered = adapter.render(request=follow).token_ids
     # The template turns this answer into history ("<think></think>"): not append-only.
     expected = prompt + ids(tokenizer, "<think></think>" + answer) + [163586]
-    assert rendered[:len(expected)] == expected
+    assert rendered[: len(expected)] == expected
 
 
 def test_registered() -> None:

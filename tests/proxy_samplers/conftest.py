@@ -4,6 +4,7 @@ checkpoint directory, and a vLLM-shaped completions server in front of it.
 Building the model costs a few seconds, so one instance serves the whole session; tests
 that need isolation build their own.
 """
+
 from __future__ import annotations
 
 import asyncio

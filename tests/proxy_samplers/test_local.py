@@ -1,5 +1,6 @@
 """LocalTorchSampler on the tiny random Qwen3: determinism, logprob fidelity, stops, limits,
 checkpoint + LoRA loading, concurrency and cancellation."""
+
 from __future__ import annotations
 
 import asyncio
@@ -27,7 +28,7 @@ def forward_logits(sampler: LocalTorchSampler, prompt: list[int], completion: li
     ids = torch.tensor([prompt + completion[:-1]])
     with torch.inference_mode():
         logits = sampler.model(input_ids=ids).logits[0].float()
-    return logits[len(prompt) - 1:]
+    return logits[len(prompt) - 1 :]
 
 
 def test_tiny_model_has_the_family_vocabulary(tiny: LocalTorchSampler) -> None:
@@ -35,8 +36,13 @@ def test_tiny_model_has_the_family_vocabulary(tiny: LocalTorchSampler) -> None:
     assert tiny.model.get_input_embeddings().weight.shape[0] == 151936
     result = tiny.sample_blocking(req(max_tokens=4))
     assert result.snapshot == {
-        "backend": "local", "model": "tiny-random-qwen3-v151936-seed0", "adapter": None, "device": "cpu",
-        "family": "qwen3", "seed": 0, "sample_seed": 7,
+        "backend": "local",
+        "model": "tiny-random-qwen3-v151936-seed0",
+        "adapter": None,
+        "device": "cpu",
+        "family": "qwen3",
+        "seed": 0,
+        "sample_seed": 7,
     }
 
 

@@ -1,4 +1,5 @@
 """OpenAICompatibleSampler against a real model behind a vLLM-shaped /v1/completions server."""
+
 from __future__ import annotations
 
 import asyncio
@@ -38,9 +39,21 @@ def sample(sampler: OpenAICompatibleSampler, request: SampleRequest):
 def test_request_body_is_vllm_shaped() -> None:
     body = completions_body(req(top_p=0.9, top_k=20, temperature=0.6), model="m", extra_body={"priority": 1})
     assert body == {
-        "model": "m", "prompt": PROMPT, "max_tokens": 10, "temperature": 0.6, "top_p": 0.9, "top_k": 20,
-        "seed": 11, "stop_token_ids": [151645], "ignore_eos": True, "logprobs": 1,
-        "return_tokens_as_token_ids": True, "return_token_ids": True, "n": 1, "stream": False, "priority": 1,
+        "model": "m",
+        "prompt": PROMPT,
+        "max_tokens": 10,
+        "temperature": 0.6,
+        "top_p": 0.9,
+        "top_k": 20,
+        "seed": 11,
+        "stop_token_ids": [151645],
+        "ignore_eos": True,
+        "logprobs": 1,
+        "return_tokens_as_token_ids": True,
+        "return_token_ids": True,
+        "n": 1,
+        "stream": False,
+        "priority": 1,
     }
     minimal = completions_body(req(seed=None), model="m")
     assert "top_p" not in minimal and "top_k" not in minimal and "seed" not in minimal
@@ -56,7 +69,10 @@ def test_same_ids_and_logprobs_as_the_local_sampler(tiny: LocalTorchSampler, com
         assert remote.logprobs == direct.logprobs  # JSON floats round-trip exactly
         assert remote.finish == direct.finish
     assert remote.snapshot == {
-        "backend": "openai", "model": "tiny", "adapter": None, "base_url": completions_server.base_url,
+        "backend": "openai",
+        "model": "tiny",
+        "adapter": None,
+        "base_url": completions_server.base_url,
         "response_id": remote.snapshot["response_id"],
     }
     seen = completions_server.app.requests[-1]["body"]
@@ -87,13 +103,17 @@ def test_stop_tokens_and_max_tokens_through_the_server(
 
 def test_api_key_from_the_environment(completions_server: ServerThread, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEST_VLLM_KEY", "sekret")
-    sample(OpenAICompatibleSampler(base_url=completions_server.base_url, model="tiny", api_key_env="TEST_VLLM_KEY"),
-           req(max_tokens=1))
+    sample(
+        OpenAICompatibleSampler(base_url=completions_server.base_url, model="tiny", api_key_env="TEST_VLLM_KEY"),
+        req(max_tokens=1),
+    )
     assert completions_server.app.requests[-1]["headers"]["authorization"] == "Bearer sekret"
     monkeypatch.delenv("TEST_VLLM_KEY")
     with pytest.raises(SamplerUnavailable, match="TEST_VLLM_KEY is not set"):
-        sample(OpenAICompatibleSampler(base_url=completions_server.base_url, model="tiny",
-                                       api_key_env="TEST_VLLM_KEY"), req())
+        sample(
+            OpenAICompatibleSampler(base_url=completions_server.base_url, model="tiny", api_key_env="TEST_VLLM_KEY"),
+            req(),
+        )
 
 
 def test_connection_refused_is_unavailable() -> None:
@@ -118,8 +138,9 @@ def test_overloaded_server_is_unavailable_with_retry_after(completions_server: S
 
 
 def test_bad_requests_and_malformed_responses_are_sampler_errors(completions_server: ServerThread) -> None:
-    client = OpenAICompatibleSampler(base_url=completions_server.base_url, model="tiny",
-                                     extra_body={"prompt": "text, not ids"})
+    client = OpenAICompatibleSampler(
+        base_url=completions_server.base_url, model="tiny", extra_body={"prompt": "text, not ids"}
+    )
     with pytest.raises(SamplerError, match="400") as info:
         sample(client, req())
     assert not isinstance(info.value, SamplerUnavailable)

@@ -1,4 +1,5 @@
 """ScriptedSampler / InstantSampler, and sampler_build with its process-level cache."""
+
 from __future__ import annotations
 
 import asyncio

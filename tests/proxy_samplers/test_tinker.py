@@ -7,6 +7,7 @@ JSON body the SDK's sampling resource would post), the SDK's protobuf response d
 the real signature), and ``ServiceClient``/``create_sampling_client`` up to the network.
 What does not: the service itself (sessions, queueing, the sampler, its logprob semantics).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -75,18 +76,29 @@ def fake_client(**sample_kw: Any) -> Any:
 def test_request_maps_to_the_sdk_types() -> None:
     prompt, params = tinker_sampling_inputs(req(temperature=0.7, top_p=0.95, top_k=20))
     assert isinstance(prompt, types.ModelInput) and prompt.to_ints() == PROMPT
-    assert params == types.SamplingParams(max_tokens=8, temperature=0.7, top_p=0.95, top_k=20,
-                                          stop=[151645, 151643], seed=5)
+    assert params == types.SamplingParams(
+        max_tokens=8, temperature=0.7, top_p=0.95, top_k=20, stop=[151645, 151643], seed=5
+    )
     # Unset top-p/top-k become the SDK's "off" values, and an empty stop list stays a list
     # (None would re-enable implicit EOS stopping).
     _, defaults = tinker_sampling_inputs(req(stop_token_ids=[], seed=None))
     assert (defaults.top_p, defaults.top_k, defaults.stop, defaults.seed) == (1.0, -1, [], None)
     # The JSON body the SDK's sampling resource posts to /api/v1/asample, built by the SDK.
-    body = model_dump(types.SampleRequest(num_samples=1, prompt=prompt, sampling_params=params),
-                      exclude_unset=False, exclude_none=True, mode="json")
+    body = model_dump(
+        types.SampleRequest(num_samples=1, prompt=prompt, sampling_params=params),
+        exclude_unset=False,
+        exclude_none=True,
+        mode="json",
+    )
     assert body["prompt"]["chunks"][0]["tokens"] == PROMPT
-    assert body["sampling_params"] == {"max_tokens": 8, "seed": 5, "stop": [151645, 151643], "temperature": 0.7,
-                                       "top_k": 20, "top_p": 0.95}
+    assert body["sampling_params"] == {
+        "max_tokens": 8,
+        "seed": 5,
+        "stop": [151645, 151643],
+        "temperature": 0.7,
+        "top_k": 20,
+        "top_p": 0.95,
+    }
 
 
 def test_response_maps_from_the_sdk_wire_format() -> None:
@@ -97,16 +109,23 @@ def test_response_maps_from_the_sdk_wire_format() -> None:
     assert result.token_ids == [11, 22, 151645]
     assert result.logprobs == [float(np.float32(x)) for x in (-0.5, -1.25, -0.1)]
     assert result.finish == "stop"
-    assert result.snapshot == {"backend": "tinker", "model": "Qwen/Qwen3-8B",
-                               "adapter": "tinker://run-1/sampler_weights/000010", "sequence_id": "seq-1"}
+    assert result.snapshot == {
+        "backend": "tinker",
+        "model": "Qwen/Qwen3-8B",
+        "adapter": "tinker://run-1/sampler_weights/000010",
+        "sequence_id": "seq-1",
+    }
     (call,) = client.sample.call_args_list
     assert call.kwargs["num_samples"] == 1
     assert call.kwargs["prompt"].to_ints() == PROMPT
     assert call.kwargs["sampling_params"].stop == [151645, 151643]
 
     length = decoded([1, 2], [-1.0, -2.0], "length")
-    result = asyncio.run(TinkerSampler(base_model="Qwen/Qwen3-8B", client=fake_client(
-        return_value=sdk_future(length))).sample(req(max_tokens=2)))
+    result = asyncio.run(
+        TinkerSampler(base_model="Qwen/Qwen3-8B", client=fake_client(return_value=sdk_future(length))).sample(
+            req(max_tokens=2)
+        )
+    )
     assert (result.finish, result.snapshot["adapter"], result.snapshot["model"]) == ("length", None, "Qwen/Qwen3-8B")
 
 
@@ -115,10 +134,15 @@ def test_a_local_model_behind_the_sdk_wire_format(tiny: LocalTorchSampler) -> No
     encodes it, comes out of TinkerSampler as it went in (up to float32)."""
 
     def serve(*, prompt: types.ModelInput, num_samples: int, sampling_params: types.SamplingParams) -> Any:
-        local = tiny.sample_blocking(SampleRequest(
-            prompt_ids=prompt.to_ints(), max_tokens=sampling_params.max_tokens,
-            stop_token_ids=list(sampling_params.stop), temperature=sampling_params.temperature,
-            seed=sampling_params.seed))
+        local = tiny.sample_blocking(
+            SampleRequest(
+                prompt_ids=prompt.to_ints(),
+                max_tokens=sampling_params.max_tokens,
+                stop_token_ids=list(sampling_params.stop),
+                temperature=sampling_params.temperature,
+                seed=sampling_params.seed,
+            )
+        )
         return sdk_future(decoded(local.token_ids, local.logprobs, local.finish))
 
     result = asyncio.run(TinkerSampler(base_model="tiny", client=fake_client(side_effect=serve)).sample(req()))

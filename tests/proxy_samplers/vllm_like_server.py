@@ -9,6 +9,7 @@ tokenizer here, so ``text`` is empty. A raw ASGI app under uvicorn, on a backgro
 Test hooks, chosen by the request's "model": "overloaded" -> 503 with Retry-After,
 "slow" -> sleeps before answering, "no-logprobs" -> a 200 without logprobs.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -55,15 +56,26 @@ class CompletionsApp:
     async def _complete(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
         model = body.get("model")
         if model == "overloaded":
-            return 503, {"error": {"message": "server overloaded", "type": "ServiceUnavailable", "code": 503}}, {
-                "retry-after": "7"
-            }
+            return (
+                503,
+                {"error": {"message": "server overloaded", "type": "ServiceUnavailable", "code": 503}},
+                {"retry-after": "7"},
+            )
         if model == "slow":
             await asyncio.sleep(3.0)
         prompt = body.get("prompt")
         if not isinstance(prompt, list) or not prompt or not all(isinstance(t, int) for t in prompt):
-            return 400, {"error": {"message": "prompt must be a non-empty list of token ids", "type": "BadRequestError",
-                                   "code": 400}}, {}
+            return (
+                400,
+                {
+                    "error": {
+                        "message": "prompt must be a non-empty list of token ids",
+                        "type": "BadRequestError",
+                        "code": 400,
+                    }
+                },
+                {},
+            )
         top_k = body.get("top_k")
         request = SampleRequest(
             prompt_ids=prompt,

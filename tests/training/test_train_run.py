@@ -11,7 +11,6 @@ an evaluation in which the real Claude Code runs on the final checkpoint.
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from rest_framework.test import APIClient
@@ -42,7 +41,6 @@ PLAN = {
 def test_a_train_run_updates_weights_and_the_next_batch_samples_its_checkpoint(
     stack, synth, alice, tmp_path, proxy_socket, tokenizer_dir, settings
 ):
-    started = time.monotonic()
     settings.SYNTH_PROXY_SOCKET = proxy_socket
     route_upsert(**DEFAULT_ROUTE)
     dataset, _ = dataset_import_dir(org=alice.org, name="toys", version="v1", path=EXAMPLES / "train-tasks")
@@ -146,4 +144,3 @@ def test_a_train_run_updates_weights_and_the_next_batch_samples_its_checkpoint(
     assert all(i.prompt_tokens > 1000 for i in claude_calls)  # Claude Code's own system prompt and tools
     lineage = client.get(f"/api/checkpoints/{checkpoints[1].id}").json()["lineage"]
     assert lineage["selected_by_runs"] == [eval_id]
-    assert time.monotonic() - started < 420
