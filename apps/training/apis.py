@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -55,6 +55,7 @@ def update_dict(update: LearningUpdate) -> dict[str, Any]:
     }
 
 
+@extend_schema_view(get=extend_schema(responses={200: dict}, description="Learning updates of a train run, by step."))
 class RunUpdatesApi(RunCollectionApi):
     """Learning updates of a train run, by step."""
 
@@ -65,6 +66,7 @@ class RunUpdatesApi(RunCollectionApi):
         return [update_dict(u) for u in rows]
 
 
+@extend_schema_view(get=extend_schema(responses={200: dict}, description="Checkpoints a train run saved, by step."))
 class RunCheckpointsApi(RunCollectionApi):
     """Checkpoints a train run saved, by step."""
 
