@@ -52,6 +52,8 @@ def agent_run_local(*, recipe: dict[str, Any], task_dir: Path, out_dir: Path | N
     from apps.core.errors import ServiceError
     from apps.profiles.launcher import AttemptBinding, Bindings, LaunchError, RunBinding, TaskBinding, launch_plan_build
     from apps.runs.agents import recipe_agent_config
+    from apps.runs.boundary import trial_boundary_install
+    from apps.runs.evaluation import VERIFIER_ERROR
 
     try:
         harbor_task = HarborTask(task_dir)
@@ -82,19 +84,32 @@ def agent_run_local(*, recipe: dict[str, Any], task_dir: Path, out_dir: Path | N
         environment=EnvironmentConfig(import_path="apps.runs.sandbox.environment:LocalSandboxEnvironment"),
     )
 
-    async def main() -> Any:
+    async def main() -> tuple[Any, str | None]:
         trial = await HarborTrial.create(config)
-        return await trial.run()
+        # The same phase boundary as on a trials worker: the agent's processes are gone and
+        # the verifier's needs are checked before a reward counts.
+        boundary = trial_boundary_install(trial=trial)
+        try:
+            result = await trial.run()
+            return result, boundary.verifier_failure(result=result)
+        finally:
+            boundary.close()
 
     try:
-        result = asyncio.run(main())
+        result, verifier_failure = asyncio.run(main())
     except Exception as exc:  # e.g. the sandbox refuses the task before it starts
         raise CliError(f"{task_dir}: {exc}") from None
     info = result.exception_info
+    if verifier_failure is not None:
+        error_type, error_message, rewards = VERIFIER_ERROR, verifier_failure, None
+    else:
+        error_type = info.exception_type if info else None
+        error_message = info.exception_message if info else None
+        rewards = result.verifier_result.rewards if result.verifier_result else None
     return LocalAttempt(
         trial_dir=trials_dir / attempt_id,
-        rewards=result.verifier_result.rewards if result.verifier_result else None,
-        error_type=info.exception_type if info else None,
-        error_message=info.exception_message if info else None,
+        rewards=rewards,
+        error_type=error_type,
+        error_message=error_message,
         launch_plan_digest=plan.digest(),
     )

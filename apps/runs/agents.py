@@ -49,6 +49,7 @@ from harbor.models.agent.context import AgentContext
 from harbor.models.trial.config import AgentConfig
 
 from apps.profiles.launcher import ARTIFACT_OUTPUTS_DIR, SYNTH_MINI_PATH, LaunchError, LaunchPlan
+from apps.runs.boundary import GIT_SANITIZE_SCRIPT
 
 IMPORT_PATH = "apps.runs.agents:RecipeAgent"
 # Harbor treats a name containing CREDENTIAL as sensitive (redacted in config.json,
@@ -68,6 +69,8 @@ SYNTH_MINI_SOURCE = Path(__file__).with_name("mini_agent.py")
 # others a transcript_path means "stdout is the transcript".
 _OWN_TRANSCRIPT_ENGINES = ("synth-mini",)
 _TAIL_CHARS = 2000
+# Besides the workdir, where a task's environment may keep repositories (sanitize_git).
+SANITIZE_GIT_ROOTS = ("/testbed", "/workspace", "/repo", "/srv", "/home", "/root", "/tmp")
 _SETUP_GRACE_SEC = 120.0
 
 
@@ -118,9 +121,11 @@ class RecipeAgent(BaseAgent):
         *,
         launch_plan: dict[str, Any],
         task_dir: Path | str | None = None,
+        sanitize_git: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(logs_dir=logs_dir, model_name=model_name, **kwargs)
+        self.sanitize_git = sanitize_git
         self.plan = LaunchPlan.from_dict(launch_plan, credential=self._extra_env.get(CREDENTIAL_ENV) or None)
         if self.plan.needs_credential and not self.plan.credential:
             # Fail at Trial.create, not minutes later inside the sandbox.
@@ -151,6 +156,19 @@ class RecipeAgent(BaseAgent):
                 f"{command!r} exited {result.return_code}: {self._tail(result.stdout, result.stderr)}"
             )
 
+    async def _git_sanitize(self, environment: BaseEnvironment) -> None:
+        roots = [self.plan.workdir, *SANITIZE_GIT_ROOTS]
+        result = await environment.exec(
+            f"bash -c {_q(GIT_SANITIZE_SCRIPT)} sanitize-git " + " ".join(_q(r) for r in roots),
+            timeout_sec=600,
+            user="root",
+        )
+        if result.return_code != 0:
+            raise SetupCommandFailed(
+                f"sanitize_git exited {result.return_code}: {self._tail(result.stdout, result.stderr)}"
+            )
+        self.logger.info("%s", (result.stdout or "").strip())
+
     async def _upload_text(self, environment: BaseEnvironment, *, path: str, content: str, mode: str) -> None:
         # upload_file rather than a heredoc in exec: content can be anything (quotes,
         # NULs aside) and large, and it never appears in a command line or exec log.
@@ -162,6 +180,9 @@ class RecipeAgent(BaseAgent):
 
     async def setup(self, environment: BaseEnvironment) -> None:
         plan = self.plan
+        if self.sanitize_git:
+            # First, before any command of the recipe can read the history.
+            await self._git_sanitize(environment)
         uploads = [(f.path, f.content, f.mode) for f in plan.files]
         if plan.engine == "synth-mini":
             uploads.append((SYNTH_MINI_PATH, SYNTH_MINI_SOURCE.read_text(encoding="utf-8"), "0755"))

@@ -1,4 +1,10 @@
-"""Aggregates of assessed trials: mean reward, pass@k, errors by type."""
+"""Aggregates of assessed trials: mean reward, pass@k, errors by type.
+
+An attempt is *assessed* when its verifier gave a reward, or when it failed by the agent's own
+doing (it timed out, crashed, left a required output out): that counts as 0. Every other ending
+(a verifier error, a platform error, a cancelled or lost trial) says nothing about the agent:
+such attempts are counted apart, by error type, and weigh in no mean and no pass@k.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,22 @@ from typing import Any
 
 # A trial passes when its primary reward reaches this value (binary tests write 1/0).
 PASS_THRESHOLD = 1.0
+# Failures that are the agent's: its attempt is assessed, with reward 0.
+AGENT_ERRORS = frozenset(
+    {
+        "AgentTimeoutError",
+        "AgentSetupTimeoutError",
+        "NonZeroAgentExitCodeError",
+        "RequiredOutputMissing",
+        "SetupCommandFailed",
+        "LaunchError",
+    }
+)
+VERIFIER_ERROR = "VerifierError"
+
+
+def assessed(trial: Any) -> bool:
+    return trial.reward is not None or trial.error_type in AGENT_ERRORS
 
 
 def pass_at_k(*, n: int, c: int, k: int) -> float:
@@ -27,17 +49,21 @@ def _ks(n: int) -> list[int]:
 
 
 def group_summarize(*, trials: list[Any]) -> dict[str, Any]:
-    n = len(trials)
-    rewards = [t.reward if t.reward is not None else 0.0 for t in trials]
-    passed = sum(1 for t in trials if t.reward is not None and t.reward >= PASS_THRESHOLD)
+    counted = [t for t in trials if assessed(t)]
+    n = len(counted)
+    rewards = [t.reward if t.reward is not None else 0.0 for t in counted]
+    passed = sum(1 for t in counted if t.reward is not None and t.reward >= PASS_THRESHOLD)
     errors = Counter(t.error_type for t in trials if t.error_type)
     return {
-        "attempts": n,
+        "attempts": len(trials),
+        "assessed": n,
         "scored": sum(1 for t in trials if t.reward is not None),
         "mean_reward": sum(rewards) / n if n else None,
         "passed": passed,
         "pass_at_k": {str(k): pass_at_k(n=n, c=passed, k=k) for k in _ks(n)} if n else {},
         "errors": dict(errors),
+        "verifier_errors": errors.get(VERIFIER_ERROR, 0),
+        "unassessed": len(trials) - n,
     }
 
 
@@ -53,6 +79,9 @@ def run_summarize(*, trials: list[Any], scored: bool) -> dict[str, Any]:
         "statuses": dict(statuses),
         "errors": dict(errors),
     }
+    if scored:
+        summary["assessed"] = sum(1 for t in trials if assessed(t))
+        summary["verifier_errors"] = errors.get(VERIFIER_ERROR, 0)
     if not scored:
         return summary
     per_task = {}

@@ -65,6 +65,17 @@ _EXECUTION = {
         "description": "Harbor environment type or module:Class; default: the local sandbox",
         "default": "local",
     },
+    "verifier": {
+        "enum": ["task", "fresh"],
+        "default": "task",
+        "description": "task: verify as the task says (in the agent's environment, or a separate one); "
+        "fresh: always in a fresh environment that receives only the workdir and declared outputs",
+    },
+    "sanitize_git": {
+        "type": "boolean",
+        "description": "strip repositories in the environment of remotes, other refs, reflogs and commits after "
+        "HEAD before the agent starts; default: the task's [metadata] sanitize_git",
+    },
     "on_lost": {"enum": ["retry", "fail"], "default": "retry"},
     "max_retries": {"type": "integer", "minimum": 0, "maximum": 10, "default": 1},
     "task_names": {

@@ -36,6 +36,8 @@ from apps.runs.admission import (
     node_register,
     node_usage,
 )
+from apps.runs.boundary import task_verifier_fresh, trial_boundary_install
+from apps.runs.evaluation import VERIFIER_ERROR
 from apps.runs.execution import TrialOutcome, trial_claim, trial_complete, trial_mark_running
 from apps.runs.judges import JUDGE_LOGS_DIR, judge_instruction
 from apps.runs.model_access import (
@@ -210,6 +212,8 @@ def trial_execute(*, trial_id: str) -> None:
             data={"task": trial.task_version.name, "attempt": trial.attempt, "node": node.name, "need": need.as_dict()},
         )
         task_dir = task_version_materialize(task_version=trial.task_version, dest=work / "task")
+        if plan.get("verifier") == "fresh":
+            task_verifier_fresh(task_dir=task_dir)
         # A regrade's attempt is over already: its "agent" restores the retained workdir.
         regrade = trial.source_id is not None
         recipe = _actor_recipe(trial=trial)
@@ -469,7 +473,12 @@ def harbor_trial_run(
 ) -> tuple[TrialOutcome, Path]:
     """Run Harbor's trial lifecycle (environment, agent setup, agent, verifier) with the
     plan's deadlines; cancel it when the lease keeper says so. With ``judge_plan``, the
-    verifier is the run's judge (apps.runs.judges) instead of the task's tests."""
+    verifier is the run's judge (apps.runs.judges) instead of the task's tests.
+
+    The agent/verification boundary (apps.runs.boundary) holds: when the agent phase ends,
+    its processes are killed and the actor's credential (``access``) is revoked before
+    anything is verified; a verification that could not produce a reward to credit is a
+    ``VerifierError``, not a reward."""
     from harbor.models.trial.config import TaskConfig as HarborTaskConfig
     from harbor.models.trial.config import TrialConfig
     from harbor.trial.trial import Trial as HarborTrial
@@ -479,6 +488,8 @@ def harbor_trial_run(
     plan = trial.run.spec.plan
     if agent_config is None:
         agent_config = recipe_agent_config(plan=launch_plan, task_dir=task_dir)
+        if _sanitize_git(plan=plan, task_dir=task_dir):
+            agent_config.kwargs["sanitize_git"] = True
     if plan.get("agent_timeout_sec"):
         agent_config.override_timeout_sec = plan["agent_timeout_sec"]
     config = TrialConfig(
@@ -491,29 +502,35 @@ def harbor_trial_run(
         # its own credential); either one needing a model is enough to set it up.
         environment=_environment_config(plan=plan, access=access or judge_access),
         verifier=_verifier_config(trial=trial, judge_plan=judge_plan),
-        # An unscored run's product is the work itself; a scored run keeps it to be regraded.
-        artifacts=(
-            [{"source": launch_plan.workdir, "destination": "workdir", "exclude": [".git", "__pycache__"]}]
-            if trial.run.kind == RunKind.EXECUTE or plan.get("retain_workdir")
-            else []
-        ),
+        artifacts=_artifacts(trial=trial, plan=plan, workdir=launch_plan.workdir if launch_plan else None),
     )
 
-    async def main() -> tuple[Any, bool]:
-        harbor_trial = await HarborTrial.create(config)
-        task = asyncio.create_task(harbor_trial.run())
-        while not task.done():
-            if keeper.should_stop:
-                task.cancel()
-                try:
-                    await task
-                except asyncio.CancelledError:
-                    pass
-                return harbor_trial.result, True
-            await asyncio.wait({task}, timeout=0.25)
-        return task.result(), False
+    def revoke() -> None:
+        try:
+            if access is not None:
+                model_access_close(access=access)
+        finally:
+            connections.close_all()  # this thread's own connection
 
-    result, cancelled = asyncio.run(main())
+    async def main() -> tuple[Any, bool, str | None]:
+        harbor_trial = await HarborTrial.create(config)
+        boundary = trial_boundary_install(trial=harbor_trial, check_verifier=judge_plan is None, on_agent_end=revoke)
+        try:
+            task = asyncio.create_task(harbor_trial.run())
+            while not task.done():
+                if keeper.should_stop:
+                    task.cancel()
+                    try:
+                        await task
+                    except asyncio.CancelledError:
+                        pass
+                    return harbor_trial.result, True, None
+                await asyncio.wait({task}, timeout=0.25)
+            return task.result(), False, boundary.verifier_failure(result=task.result())
+        finally:
+            boundary.close()
+
+    result, cancelled, verifier_failure = asyncio.run(main())
     timings = {
         "environment_setup": _timing(result.environment_setup),
         "agent_setup": _timing(result.agent_setup),
@@ -529,6 +546,10 @@ def harbor_trial_run(
             error_message="the run was cancelled",
             timings=timings,
         )
+    elif verifier_failure is not None:
+        outcome = TrialOutcome(
+            status=TrialStatus.FAILED, error_type=VERIFIER_ERROR, error_message=verifier_failure, timings=timings
+        )
     elif result.exception_info is not None:
         outcome = TrialOutcome(
             status=TrialStatus.FAILED,
@@ -540,6 +561,28 @@ def harbor_trial_run(
     else:
         outcome = TrialOutcome(status=TrialStatus.SUCCEEDED, rewards=rewards, timings=timings)
     return outcome, trials_dir / trial.id
+
+
+def _artifacts(*, trial: Trial, plan: dict[str, Any], workdir: str | None) -> list[dict[str, Any]]:
+    """What Harbor collects from the agent's environment. An unscored run's product is the
+    work itself, a scored run keeps it to be regraded; a fresh verifier receives it whole
+    (in a sandbox of its own, the workdir is the only thing the agent hands over)."""
+    if workdir is None:
+        return []
+    if plan.get("verifier") == "fresh":
+        return [{"source": workdir, "destination": "workdir"}]
+    if trial.run.kind == RunKind.EXECUTE or plan.get("retain_workdir"):
+        return [{"source": workdir, "destination": "workdir", "exclude": [".git", "__pycache__"]}]
+    return []
+
+
+def _sanitize_git(*, plan: dict[str, Any], task_dir: Path) -> bool:
+    """The plan's setting, else the task's (task.toml ``[metadata] sanitize_git``)."""
+    if plan.get("sanitize_git") is not None:
+        return bool(plan["sanitize_git"])
+    from harbor.models.task.task import Task as HarborTask
+
+    return HarborTask(task_dir).config.metadata.get("sanitize_git") is True
 
 
 def _artifact_kind(name: str) -> str:

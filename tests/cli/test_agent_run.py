@@ -67,3 +67,25 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     )
     out = synth("agent", "run", "--profile", f"@{recipe}", "--task", str(TASK), cwd=tmp_path)
     assert out.returncode == 1 and "ANTHROPIC_BASE_URL" in out.stderr, out.stderr
+
+
+@pytest.mark.slow
+def test_a_cheating_agent_scores_zero_and_a_broken_verifier_is_an_error(tmp_path):
+    from tests.cheats import TECHNIQUES, cheating_recipe
+
+    recipe = tmp_path / "cheat.json"
+    recipe.write_text(json.dumps(cheating_recipe(*TECHNIQUES)))
+    out = synth("agent", "run", "--profile", f"@{recipe}", "--task", str(TASK), "--json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["rewards"] == {"reward": 0.0}
+
+    task = tmp_path / "no-reward"
+    subprocess.run(["cp", "-r", str(TASK), str(task)], check=True)
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 'tests need a grader'; exit 2\n")
+    out = synth(
+        "agent", "run", "--profile", f"@{ROOT}/examples/oracle-agent.json", "--task", str(task), "--json", cwd=tmp_path
+    )
+    assert out.returncode == 1
+    result = json.loads(out.stdout)
+    assert result["rewards"] is None and result["error"]["type"] == "VerifierError"
+    assert "tests need a grader" in result["error"]["message"]

@@ -37,3 +37,21 @@ def test_group_and_run_summaries():
     assert s["per_task"]["b"]["mean_reward"] == 0.5
     assert s["pass_at_k"]["1"] == pytest.approx(0.5)
     assert "mean_reward" not in run_summarize(trials=trials, scored=False)
+
+
+def test_errors_that_are_not_the_agents_weigh_in_no_mean():
+    trials = [
+        t("g1", 1.0),
+        t("g1", None, "AgentTimeoutError", "failed"),  # the agent's failure: a 0
+        t("g1", None, "VerifierError", "failed"),  # the verifier could not assess it
+        t("g1", None, "WorkerLost", "lost"),
+        t("g1", None, "Cancelled", "cancelled"),
+    ]
+    g = group_summarize(trials=trials)
+    assert g["attempts"] == 5 and g["assessed"] == 2 and g["unassessed"] == 3
+    assert g["mean_reward"] == 0.5 and g["pass_at_k"]["1"] == 0.5 and "4" not in g["pass_at_k"]
+    assert g["verifier_errors"] == 1 and g["errors"]["VerifierError"] == 1
+    s = run_summarize(trials=trials, scored=True)
+    assert s["mean_reward"] == 0.5 and s["assessed"] == 2 and s["verifier_errors"] == 1
+    nothing = group_summarize(trials=[t("g", None, "VerifierError", "failed")])
+    assert nothing["mean_reward"] is None and nothing["pass_at_k"] == {}

@@ -7,7 +7,7 @@ import socket
 import tempfile
 import textwrap
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -295,6 +295,10 @@ def test_a_trial_sees_the_bridge_and_its_credential_is_revoked_after(
     assert trial.reward == 1.0, trial.rewards
     cred = ModelCredential.objects.get(trial_id=trial.id)
     assert cred.route == ROUTE and cred.revoked_at is not None
+    # Revoked when the agent phase ended, before the verifier started.
+    agent_end = datetime.fromisoformat(trial.timings["agent_execution"]["finished_at"])
+    verifier_start = datetime.fromisoformat(trial.timings["verifier"]["started_at"])
+    assert agent_end <= cred.revoked_at <= verifier_start, (agent_end, cred.revoked_at, verifier_start)
     # The plan that was launched names the model, never the secret.
     text = object_read(obj=trial.artifacts.get(name="launch-plan.json").object).decode()
     assert '"route":"qwen3-unit"' in text.replace(" ", "") and "synm_" not in text

@@ -39,7 +39,7 @@ def test_a_model_judges_calls_are_its_own_and_never_the_attempts(stack, alice, p
     assert alice.client.get(f"/api/runs/{run_id}").json()["judge_model"] == {"route": "qwen3-8b"}
     run = finished(run_id, stack, timeout=240)
     (trial,) = Trial.objects.filter(run=run)
-    assert trial.status == "failed" and trial.error_type == "RewardFileNotFoundError", (
+    assert trial.status == "failed" and trial.error_type == "VerifierError", (
         trial.error_message,
         stack.logs(),
     )

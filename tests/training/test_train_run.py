@@ -144,3 +144,38 @@ def test_a_train_run_updates_weights_and_the_next_batch_samples_its_checkpoint(
     assert all(i.prompt_tokens > 1000 for i in claude_calls)  # Claude Code's own system prompt and tools
     lineage = client.get(f"/api/checkpoints/{checkpoints[1].id}").json()["lineage"]
     assert lineage["selected_by_runs"] == [eval_id]
+
+
+def test_a_cheating_attempt_gives_the_update_no_signal(stack, alice, proxy_socket, tokenizer_dir, settings):
+    """Half the attempts of each group start reward-writing processes during setup, then do
+    their real work. Without the agent/verification boundary they would score 7 (a value no
+    honest verification of these tasks gives) and pull the update their way; behind it they
+    are killed before the verifier runs, and every reward the learner sees is a real one."""
+    from tests.cheats import PROCESS_TECHNIQUES, cheating_setup
+    from tests.execution.test_end_to_end import publish, submit
+
+    settings.SYNTH_PROXY_SOCKET = proxy_socket
+    route_upsert(**DEFAULT_ROUTE)
+    dataset, _ = dataset_import_dir(org=alice.org, name="toys", version="v1", path=EXAMPLES / "train-tasks")
+    stack.env.update({"SYNTH_PROXY_SOCKET": str(proxy_socket)})
+    proxy_start(stack, socket_path=proxy_socket, tokenizer_dir=tokenizer_dir)
+    stack.start_worker("control", queues="control,evidence", concurrency=2, beat=True)
+    stack.start_worker("trials", queues="trials", concurrency=3)
+    stack.start_worker("training", queues="training", concurrency=1)
+    recipe = json.loads((EXAMPLES / "train-agent.json").read_text())
+    recipe["setup"] = [cheating_setup(*PROCESS_TECHNIQUES, reward="7", only_even_attempts=True)]
+    plan = {**PLAN, "steps": 1, "group_size": 4, "eligibility": {"require_reward_variance": False}}
+    run_id = submit(alice, kind="train", dataset=dataset.reference, actor=publish(alice, "cheater", recipe), plan=plan)
+    run = wait_for(
+        lambda: (r := Run.objects.get(pk=run_id)).is_terminal and r, timeout=300, what="the run", stack=stack
+    )
+    assert run.status == "succeeded", (run.error, stack.logs())
+    trials = list(run.trials.all())
+    assert len(trials) == 8 and all(t.status == "succeeded" for t in trials), [
+        (t.error_type, t.error_message) for t in trials
+    ]
+    assert all(0.0 <= t.reward <= 1.0 for t in trials), [t.reward for t in trials]
+    (update,) = LearningUpdate.objects.filter(run=run)
+    assert update.status == UpdateStatus.APPLIED and update.metrics["attempts_qualified"] == 8
+    rewards = [r for group in update.groups for r in group["rewards"]]
+    assert len(rewards) == 8 and max(rewards) <= 1.0, update.metrics

@@ -26,6 +26,7 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -33,8 +34,8 @@ logger = logging.getLogger(__name__)
 _BUFFER = 1 << 16
 
 
-def listen_in_netns(ns_pid: int, host: str, port: int, backlog: int = 128) -> socket.socket:
-    """A listening TCP socket created inside the network namespace of process ns_pid."""
+def socket_in_netns(ns_pid: int, make: Callable[[], socket.socket]) -> socket.socket:
+    """The socket ``make()`` returns, created inside the network namespace of process ns_pid."""
     result: dict[str, socket.socket | BaseException] = {}
 
     def worker() -> None:
@@ -46,16 +47,7 @@ def listen_in_netns(ns_pid: int, host: str, port: int, backlog: int = 128) -> so
                 os.setns(ns_fd, os.CLONE_NEWNET)
             finally:
                 os.close(ns_fd)
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind((host, port))
-                sock.listen(backlog)
-                sock.setblocking(False)
-            except BaseException:
-                sock.close()
-                raise
-            result["sock"] = sock
+            result["sock"] = make()
         except BaseException as exc:  # reported to the caller
             result["error"] = exc
 
@@ -67,6 +59,24 @@ def listen_in_netns(ns_pid: int, host: str, port: int, backlog: int = 128) -> so
     sock = result["sock"]
     assert isinstance(sock, socket.socket)
     return sock
+
+
+def listen_in_netns(ns_pid: int, host: str, port: int, backlog: int = 128) -> socket.socket:
+    """A listening TCP socket created inside the network namespace of process ns_pid."""
+
+    def make() -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(backlog)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    return socket_in_netns(ns_pid, make)
 
 
 class ModelBridge:

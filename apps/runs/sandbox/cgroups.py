@@ -287,6 +287,13 @@ class SandboxCgroup:
                 dirs[mountpoint] = d
         return SandboxCgroup(self.plan, dirs, owned)
 
+    def children(self) -> list[SandboxCgroup]:
+        """The child cgroups that exist now (made by :meth:`child`), by name."""
+        d = self._dir_for(self.plan.tracking)
+        if d is None or not d.is_dir():
+            return []
+        return [self.child(sub.name) for sub in sorted(d.iterdir()) if sub.is_dir()]
+
     def _dir_for(self, h: Hierarchy | None) -> Path | None:
         return None if h is None else self.dirs.get(h.mountpoint)
 

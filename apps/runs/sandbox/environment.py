@@ -22,6 +22,7 @@ import logging
 import re
 import secrets
 import tempfile
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -36,9 +37,11 @@ from pydantic import Field
 
 from apps.runs.sandbox.cgroups import detect_hierarchies, make_plan
 from apps.runs.sandbox.sandbox import (
+    CHECK_HOOK,
     DEFAULT_HOST_DIRS,
     DEFAULT_MODEL_PORT,
     DEFAULT_PIDS_MAX,
+    HOOKS_IN_SANDBOX,
     MODEL_SOCKET_IN_SANDBOX,
     Sandbox,
     SandboxError,
@@ -62,6 +65,53 @@ DEFAULT_WORKDIR = "/app"
 
 def default_sandbox_root() -> Path:
     return Path(tempfile.gettempdir()) / "synth-sandboxes"
+
+
+# ------------------------------------------------------------------ phases
+# Harbor makes a trial's environments itself (the agent's, and a separate verifier's when the
+# task asks for one), so the phase a trial is in is kept per trial directory: the trial's
+# boundary (apps.runs.boundary) moves it, and each environment of that trial reads it.
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str = "agent"  # agent | verifier
+    checked: bool = False  # record missing commands (the task's own tests, not a judge)
+
+
+@dataclass
+class PhaseObservations:
+    """What a phase tried and could not have: names it looked up, commands bash did not find."""
+
+    network: list[str] = field(default_factory=list)
+    missing_commands: list[str] = field(default_factory=list)
+
+
+_TRIAL_PHASES: dict[Path, Phase] = {}
+_TRIAL_ENVIRONMENTS: dict[Path, list[LocalSandboxEnvironment]] = {}
+
+
+def _trial_key(trial_dir: Path) -> Path:
+    return Path(trial_dir).resolve()
+
+
+def trial_phase_set(*, trial_dir: Path, phase: Phase) -> None:
+    _TRIAL_PHASES[_trial_key(trial_dir)] = phase
+
+
+def trial_observations(*, trial_dir: Path, phase: str) -> PhaseObservations:
+    """What every local sandbox of the trial observed during ``phase``."""
+    out = PhaseObservations()
+    for env in _TRIAL_ENVIRONMENTS.get(_trial_key(trial_dir), []):
+        seen = env.observations(phase=phase)
+        out.network += [n for n in seen.network if n not in out.network]
+        out.missing_commands += [c for c in seen.missing_commands if c not in out.missing_commands]
+    return out
+
+
+def trial_forget(*, trial_dir: Path) -> None:
+    _TRIAL_PHASES.pop(_trial_key(trial_dir), None)
+    _TRIAL_ENVIRONMENTS.pop(_trial_key(trial_dir), None)
 
 
 class LocalSandboxOptions(EnvironmentOptions):
@@ -135,6 +185,12 @@ class LocalSandboxEnvironment(BaseEnvironment):
         self._sandbox: Sandbox | None = None
         self._warned_users: set[str] = set()
         self.support_report = SupportReport()
+        # A separate verifier's environment is made during verification: it starts in that phase.
+        self._trial_key = _trial_key(trial_paths.trial_dir)
+        self.phase = _TRIAL_PHASES.get(self._trial_key, Phase())
+        self._phase_env: dict[str, str] = {}
+        self._missing_commands: dict[str, list[str]] = {}
+        _TRIAL_ENVIRONMENTS.setdefault(self._trial_key, []).append(self)
         super().__init__(
             environment_dir, environment_name, session_id, trial_paths, task_env_config, logger, *args, **kwargs
         )
@@ -257,6 +313,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
         )
         self._sandbox = sandbox
         await sandbox.start()
+        self._phase_enter(self.phase)
         try:
             self._require_enforced(sandbox)
             app_dir = self.environment_dir / APP_DIR_NAME
@@ -277,7 +334,39 @@ class LocalSandboxEnvironment(BaseEnvironment):
 
     async def stop(self, delete: bool) -> None:
         if self._sandbox is not None:
+            self._phase_record()  # the sandbox's directory, where the hooks write, is going
             await self._sandbox.stop(delete=delete)
+
+    # ------------------------------------------------------------------ phases
+
+    async def phase_begin(self, phase: Phase) -> None:
+        """A new phase of the trial starts in this environment (verification after the agent)."""
+        self._phase_record()
+        self.phase = phase
+        if self._sandbox is not None:
+            self._phase_enter(phase)
+
+    def _phase_enter(self, phase: Phase) -> None:
+        sandbox = self.sandbox
+        sandbox.observed_reset()
+        if sandbox.dns is not None:
+            sandbox.dns.phase = phase.name
+        self._phase_env = {"BASH_ENV": f"{HOOKS_IN_SANDBOX}/{CHECK_HOOK}"} if phase.checked else {}
+
+    def _phase_record(self) -> None:
+        if self._sandbox is not None and self.phase.checked:
+            self._missing_commands[self.phase.name] = self._sandbox.missing_commands()
+
+    async def end_processes(self) -> int:
+        """Kill every process left in the sandbox (the agent phase is over); see Sandbox.end_processes."""
+        return await self.sandbox.end_processes()
+
+    def observations(self, *, phase: str) -> PhaseObservations:
+        missing = self._missing_commands.get(phase, [])
+        if self._sandbox is not None and self.phase.name == phase and self.phase.checked and self._sandbox.running:
+            missing = self._sandbox.missing_commands()
+        dns = self._sandbox.dns if self._sandbox is not None else None
+        return PhaseObservations(network=dns.names(phase=phase) if dns else [], missing_commands=missing)
 
     # ------------------------------------------------------------------ exec and files
 
@@ -294,10 +383,13 @@ class LocalSandboxEnvironment(BaseEnvironment):
             # The user namespace maps a single uid, so there is nobody else to become.
             self._warned_users.add(str(effective_user))
             self.logger.warning("local sandbox: running as root instead of user %r", effective_user)
+        merged = self._merge_env(env)
+        if self._phase_env:
+            merged = {**self._phase_env, **(merged or {})}
         result = await self.sandbox.exec(
             command,
             cwd=cwd or self.workdir,
-            env=self._merge_env(env),
+            env=merged,
             timeout_sec=timeout_sec,
             on_output=self._output_callback(),
         )

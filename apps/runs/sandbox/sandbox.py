@@ -64,6 +64,7 @@ import posixpath
 import re
 import shutil
 import signal
+import stat
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -73,6 +74,7 @@ from typing import Literal
 from apps.runs.sandbox import hostfs
 from apps.runs.sandbox.bridge import ModelBridge
 from apps.runs.sandbox.cgroups import SandboxCgroup, detect_hierarchies, make_plan
+from apps.runs.sandbox.dns import RESOLV_CONF, DnsRecorder
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +83,20 @@ DEFAULT_MODEL_PORT = 18080
 DEFAULT_PIDS_MAX = 2048
 DEFAULT_MAX_OUTPUT_BYTES = 32 << 20
 MODEL_SOCKET_IN_SANDBOX = "/run/synth/model.sock"
+# Phase hooks (read-only inside) and what they observe (written by the sandbox, read by the host).
+HOOKS_IN_SANDBOX = "/run/synth/hooks"
+OBSERVED_IN_SANDBOX = "/run/synth/observed"
+# For BASH_ENV: sourced by every non-interactive bash of a phase that asks for it. A command that
+# does not exist is recorded before bash reports it as usual (exit 127), so that "the verifier
+# needs a tool this host lacks" is a fact, not a guess from its output.
+CHECK_HOOK = "check.sh"
+_CHECK_HOOK_SCRIPT = f"""command_not_found_handle() {{
+  printf '%s\\n' "$1" >> {OBSERVED_IN_SANDBOX}/missing-commands 2>/dev/null
+  printf 'bash: %s: command not found\\n' "$1" >&2
+  return 127
+}}
+"""
+_OBSERVED_MAX_BYTES = 64 << 10
 # Host directories visible (read-only) inside: the system's programs and libraries.
 DEFAULT_HOST_DIRS: tuple[str, ...] = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt")
 # Writable directories (each a per-sandbox host directory bound at this path); the workdir is added.
@@ -249,6 +265,47 @@ def _process_start_time(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _pid_namespace(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True  # gone
+
+
+def _namespace_members(namespace: int) -> set[int]:
+    """Host pids of the live processes in the PID namespace ``namespace`` (an inode number)."""
+    members: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and _pid_namespace(int(entry.name)) == namespace and not _is_zombie(int(entry.name)):
+            members.add(int(entry.name))
+    return members
+
+
+def _resolv_conf_target() -> str:
+    """Where the sandbox's resolv.conf must be bound: /etc/resolv.conf, or what it links to
+    when the host's is a symlink into /run (which is the sandbox's own tmpfs)."""
+    path = "/etc/resolv.conf"
+    if os.path.islink(path):
+        target = os.path.realpath(path)
+        if target.startswith("/run/"):
+            return target
+    return path
+
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _MS_NOSUID = 2
 _MS_NODEV = 4
@@ -329,6 +386,9 @@ class Sandbox:
         self._init_proc: asyncio.subprocess.Process | None = None
         self._cgroup: SandboxCgroup | None = None
         self._bridge: ModelBridge | None = None
+        # Names looked up inside (root only: the stub must be created in the network namespace).
+        self.dns: DnsRecorder | None = DnsRecorder() if self.is_root else None
+        self._init_child: tuple[int, str | None] | None = None  # the init's idle child (pid, start)
         self._tmpfs_mounted = False
         self._exec_ids = itertools.count(1)
         self._started = False
@@ -367,6 +427,9 @@ class Sandbox:
         self._setup_cgroup()
         self._write_meta()
         await self._spawn_init()
+        if self.dns is not None:
+            assert self.init_pid is not None
+            await self.dns.serve_in_netns(self.init_pid)
         if self._bridge is not None:
             assert self.init_pid is not None
             try:
@@ -428,6 +491,16 @@ class Sandbox:
         for d in _STICKY_DIRS:
             os.chmod(self.fs / d.lstrip("/"), 0o1777)
         os.chmod(self.fs / "root", 0o700)
+        # Outside fs/: neither part of the storage limit nor of anything copied out.
+        (self.path / "hooks").mkdir(mode=0o755)
+        (self.path / "hooks" / CHECK_HOOK).write_text(_CHECK_HOOK_SCRIPT)
+        os.chmod(self.path / "hooks" / CHECK_HOOK, 0o644)
+        (self.path / "observed").mkdir(mode=0o755)
+        if self._owner is not None:
+            os.chown(self.path / "observed", *self._owner)
+        if self.dns is not None:
+            (self.path / "resolv.conf").write_text(RESOLV_CONF)
+            os.chmod(self.path / "resolv.conf", 0o644)
 
     def _setup_cgroup(self) -> None:
         limits = self.limits
@@ -520,6 +593,10 @@ class Sandbox:
             args += ["--bind", str(self.fs / d.lstrip("/")), d]
         if self._bridge is not None:
             args += ["--ro-bind", str(self.path / "sock" / "model.sock"), MODEL_SOCKET_IN_SANDBOX]
+        args += ["--ro-bind", str(self.path / "hooks"), HOOKS_IN_SANDBOX]
+        args += ["--bind", str(self.path / "observed"), OBSERVED_IN_SANDBOX]
+        if self.dns is not None:
+            args += ["--ro-bind", str(self.path / "resolv.conf"), _resolv_conf_target()]
         # The root itself is a bubblewrap tmpfs: make it read-only so that only the writable
         # directories (all size-limited together) can be written.
         args += ["--remount-ro", "/", "--chdir", "/"]
@@ -589,6 +666,11 @@ class Sandbox:
             raise SandboxError(f"sandbox init failed to start: {log_text or 'no output'}")
         self.init_pid = int(info["child-pid"])
         self._init_start = _process_start_time(self.init_pid)
+        # bubblewrap's PID 1 runs the init script as its only child (PID 2), which reported ready
+        # above and now idles: the one process besides PID 1 that belongs to no phase.
+        children = _children(self.init_pid)
+        if len(children) == 1:
+            self._init_child = (children[0], _process_start_time(children[0]))
 
     def _write_meta(self, *, kept: bool = False) -> None:
         meta = {
@@ -613,6 +695,8 @@ class Sandbox:
             self._stopped = True
             if self._bridge is not None:
                 await self._bridge.close()
+            if self.dns is not None:
+                self.dns.close()
             # Kill the sandbox's PID 1 first: the kernel then kills every process of the PID
             # namespace, and bubblewrap's outer process (our child) reaps it and exits.  Killing
             # everything at once instead would orphan PID 1's zombie to the host's init.
@@ -798,6 +882,58 @@ class Sandbox:
             await asyncio.wait_for(proc.wait(), 10)
         if exec_cgroup is not None and await exec_cgroup.kill():
             exec_cgroup.remove()
+
+    async def end_processes(self, *, attempts: int = 50) -> int:
+        """Kill every process of the sandbox but its init: a phase (the agent's) is over.
+
+        Whatever a process did to escape (a new session or process group, a double fork,
+        ``nohup``, ignoring SIGTERM), it is still in the sandbox's PID namespace and in an exec's
+        cgroup: both are searched, exec cgroups are killed whole (frozen first, so a forking
+        process cannot outrun the kill), then every member of the namespace but PID 1 and its
+        idle child. Returns how many processes were killed; raises SandboxError if any survive.
+        """
+        if self.init_pid is None:
+            return 0
+        namespace = _pid_namespace(self.init_pid)
+        keep = {self.init_pid}
+        if self._init_child is not None and _process_start_time(self._init_child[0]) == self._init_child[1]:
+            keep.add(self._init_child[0])
+        if self._init_proc is not None:
+            keep.add(self._init_proc.pid)  # bubblewrap's outer process, in the host's namespace
+        killed: set[int] = set()
+        for _ in range(attempts):
+            members = _namespace_members(namespace) if namespace is not None else set()
+            victims = (members | self.pids()) - keep
+            victims = {pid for pid in victims if not _is_zombie(pid)}
+            if not victims:
+                return len(killed)
+            killed |= victims
+            if self._cgroup is not None:
+                for child in self._cgroup.children():
+                    child.kill_now()
+            for pid in victims:
+                _kill_pid(pid)
+            await asyncio.sleep(0.01)
+        raise SandboxError(f"sandbox {self.name}: processes survive the end of the phase: {sorted(victims)}")
+
+    def observed_reset(self) -> None:
+        """Forget what the phase hooks observed so far (a new phase starts)."""
+        with contextlib.suppress(FileNotFoundError):
+            (self.path / "observed" / "missing-commands").unlink()
+
+    def missing_commands(self) -> list[str]:
+        """Commands that bash could not find in a phase using CHECK_HOOK (in order, once each)."""
+        # The sandbox writes this file: never follow a link it made, never block on a FIFO.
+        try:
+            fd = os.open(self.path / "observed" / "missing-commands", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return []
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return []
+            data = f.read(_OBSERVED_MAX_BYTES)
+        names = (line.strip() for line in data.decode(errors="replace").splitlines())
+        return list(dict.fromkeys(name[:200] for name in names if name))
 
     def pids(self) -> set[int]:
         """Host pids of every process of the sandbox (empty without cgroup tracking)."""
