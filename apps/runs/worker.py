@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import shutil
 import threading
 import time
@@ -585,6 +586,13 @@ def _sanitize_git(*, plan: dict[str, Any], task_dir: Path) -> bool:
     return HarborTask(task_dir).config.metadata.get("sanitize_git") is True
 
 
+def _artifact_name(relative: str) -> str:
+    """A file name as text: the agent may have made names that are not UTF-8 (Python holds
+    those bytes as surrogates, which no database or JSON document takes). Each such byte is
+    written ``%XX``; every valid name is kept as it is."""
+    return re.sub(r"[\udc80-\udcff]", lambda m: f"%{ord(m.group()) - 0xDC00:02X}", relative)
+
+
 def _artifact_kind(name: str) -> str:
     top = name.split("/", 1)[0]
     if top == "artifacts" and "/outputs/" in f"/{name}":
@@ -612,7 +620,7 @@ def artifacts_publish(*, trial: Trial, trial_dir: Path, launch_plan: Any) -> lis
             if size > settings.SYNTH_ARTIFACT_MAX_BYTES:
                 logger.warning("artifact %s is %d bytes; over the limit, skipped", path, size)
                 continue
-            files.append((path.relative_to(trial_dir).as_posix(), path.read_bytes()))
+            files.append((_artifact_name(path.relative_to(trial_dir).as_posix()), path.read_bytes()))
     made = []
     for name, data in files:
         obj = object_put(org=org, data=data)

@@ -75,3 +75,25 @@ def test_verifier_errors_are_counted_apart_and_fresh_verification_runs(stack, al
     assert per_task["needs-net"]["mean_reward"] is None and per_task["needs-net"]["verifier_errors"] == 2
     fresh = finished(fresh_id, stack)
     assert fresh.status == "succeeded" and fresh.summary["mean_reward"] == 1.0, (fresh.summary, stack.logs())
+
+
+def test_file_names_that_are_not_utf8_survive_as_artifacts(stack, alice):
+    dsv, _ = dataset_import_dir(org=alice.org, name="examples", version="1", path=EXAMPLES / "tasks")
+    stack.start_worker("w1", beat=True)
+    recipe = {
+        "engine": {"name": "command", "version": "1"},
+        "limits": {"timeout_sec": 60},
+        "command": ["bash", "-c", "echo a > /app/$'\\xff\\xfe'name.txt; mkdir /app/$'\\xc3'; echo b > /app/$'\\xc3'/f"],
+    }
+    run_id = submit(
+        alice,
+        dataset=dsv.reference,
+        actor=publish(alice, "odd-names", recipe),
+        plan={"task_names": ["*implement-roman"]},
+    )
+    run = finished(run_id, stack)
+    (trial,) = Trial.objects.filter(run_id=run_id)
+    assert trial.status == "succeeded" and trial.reward == 0.0, (trial.error_type, trial.error_message, stack.logs())
+    names = set(trial.artifacts.filter(kind="work").values_list("name", flat=True))
+    assert {"artifacts/workdir/%FF%FEname.txt", "artifacts/workdir/%C3/f"} <= names, names
+    assert run.status == "succeeded"
