@@ -1,4 +1,8 @@
-"""The outermost middleware: JSON for every error.
+"""The outermost middleware: strict request text, and JSON for every error.
+
+``strict_input``: a NUL or a lone surrogate in the path, the query string or a header is
+refused with 400 before anything reads it (query values and headers such as
+Idempotency-Key reach the database, which cannot store U+0000).
 
 ``json_errors``: whatever answers an error without JSON (Django's DEBUG pages, a
 middleware's or the URL resolver's exception, a CSRF refusal) is rewritten to the JSON
@@ -6,7 +10,7 @@ shape of its surface (synth_project.errors); the admin keeps its HTML. A streami
 response's first chunk is produced here, so that its generator failing before the first
 byte is a JSON 500 rather than a broken stream or the server's own HTML page.
 
-It works for WSGI (the gateway) and ASGI (the proxy's async views) without a thread hop.
+Both work for WSGI (the gateway) and ASGI (the proxy's async views) without a thread hop.
 """
 
 from __future__ import annotations
@@ -17,14 +21,61 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.core.exceptions import SuspiciousOperation
 from django.http import FileResponse, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.utils.decorators import sync_and_async_middleware
 
+from apps.core.inputs import text_problem
 from synth_project.errors import is_admin_path, json_error_response
 
 logger = logging.getLogger(__name__)
 
 GetResponse = Callable[[HttpRequest], Any]
+
+
+def _request_text_problem(request: HttpRequest) -> tuple[str, str | None] | None:
+    """(message, field) for the first bad text of the request, or None."""
+    try:
+        query = request.GET.lists()
+    except SuspiciousOperation as exc:  # too many fields: Django's own refusal
+        return str(exc), None
+    problem = text_problem(request.path_info)
+    if problem:
+        return f"the path {problem}", None
+    for key, values in query:
+        if text_problem(key):
+            return f"a query parameter name {text_problem(key)}", None
+        problem = next((p for p in map(text_problem, values) if p), None)
+        if problem:
+            return f"the query parameter {key[:40]!r} {problem}", key
+    for name, value in request.META.items():
+        if (name.startswith("HTTP_") or name in ("CONTENT_TYPE", "CONTENT_LENGTH")) and isinstance(value, str):
+            problem = text_problem(value)
+            if problem:
+                header = name.removeprefix("HTTP_").replace("_", "-").title()
+                return f"the header {header} {problem}", header
+    return None
+
+
+@sync_and_async_middleware
+def strict_input(get_response: GetResponse) -> GetResponse:
+    def refusal(request: HttpRequest) -> HttpResponse | None:
+        problem = _request_text_problem(request)
+        if problem is None:
+            return None
+        return json_error_response(request, status=400, message=problem[0], field=problem[1])
+
+    if iscoroutinefunction(get_response):
+
+        async def middleware_async(request: HttpRequest) -> HttpResponse:
+            return refusal(request) or await get_response(request)
+
+        return markcoroutinefunction(middleware_async)
+
+    def middleware(request: HttpRequest) -> HttpResponse:
+        return refusal(request) or get_response(request)
+
+    return middleware
 
 
 def _needs_rewrite(request: HttpRequest, response: HttpResponse) -> bool:

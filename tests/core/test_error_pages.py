@@ -53,6 +53,13 @@ def test_an_unknown_path_is_a_json_404(debug):
         assert response.json()["error"] == {"type": "not_found", "message": f"GET {path} does not exist", "field": None}
 
 
+def test_a_suspicious_request_is_a_json_400(debug, settings):
+    settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 5
+    response = get("/api/runs?" + "&".join(f"a={i}" for i in range(10)))
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request"
+
+
 @pytest.mark.parametrize("path", ["/v1/test/boom", "/v1/test/stream-boom", "/v1/test/explode"])
 def test_a_proxy_server_error_is_anthropic_shaped(debug, path):
     response, content = get_async(path)
