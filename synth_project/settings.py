@@ -86,6 +86,10 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Outermost: every error below them answers JSON in its surface's shape, and request text
+    # that the database or UTF-8 cannot hold is refused before anything reads it.
+    "synth_project.middleware.json_errors",
+    "synth_project.middleware.strict_input",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -161,7 +165,8 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "apps.core.errors.exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser", "rest_framework.parsers.MultiPartParser"],
+    # Strict JSON and form parsing (apps.core.inputs): no NUL or lone surrogate, finite numbers.
+    "DEFAULT_PARSER_CLASSES": ["apps.core.parsers.JSONParser", "apps.core.parsers.MultiPartParser"],
     "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {

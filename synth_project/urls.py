@@ -4,6 +4,12 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 
 from apps.core.apis import HealthApi
 
+# JSON in the shape of the surface (/v1 or /api), never Django's HTML pages (DEBUG off).
+handler400 = "synth_project.errors.bad_request"
+handler403 = "synth_project.errors.permission_denied"
+handler404 = "synth_project.errors.page_not_found"
+handler500 = "synth_project.errors.server_error"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", HealthApi.as_view(), name="healthz"),

@@ -8,7 +8,6 @@ from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
-from rest_framework.views import exception_handler as drf_exception_handler
 
 
 class ServiceError(Exception):
@@ -63,8 +62,18 @@ _TYPES = {
 }
 
 
+def error_type_for_status(status_code: int) -> str:
+    return _TYPES.get(status_code, "server_error" if status_code >= 500 else "error")
+
+
+def printable(text: str) -> str:
+    """``text`` as UTF-8 can carry it: a lone surrogate (from a file name, say) becomes "\\udcff"."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def error_body(*, error_type: str, message: str, field: str | None = None) -> dict[str, Any]:
-    return {"error": {"type": error_type, "message": message, "field": field}}
+    # A message may quote the input; an unencodable one would turn this 4xx into a 500.
+    return {"error": {"type": error_type, "message": printable(message), "field": field and printable(field)}}
 
 
 def _first_field_error(detail: Any, prefix: str = "") -> tuple[str | None, str]:
@@ -85,6 +94,9 @@ def _first_field_error(detail: Any, prefix: str = "") -> tuple[str | None, str]:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    # Imported here: rest_framework.views loads the parsers named in settings, which use this module.
+    from rest_framework.views import exception_handler as drf_exception_handler
+
     if isinstance(exc, ServiceError):
         return Response(
             error_body(error_type=exc.error_type, message=exc.message, field=exc.field),
@@ -106,5 +118,5 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         )
     else:
         detail = getattr(exc, "detail", str(exc))
-        response.data = error_body(error_type=_TYPES.get(response.status_code, "error"), message=str(detail))
+        response.data = error_body(error_type=error_type_for_status(response.status_code), message=str(detail))
     return response

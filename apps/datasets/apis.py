@@ -14,7 +14,8 @@ from rest_framework.views import APIView
 
 from apps.accounts.models import Organization
 from apps.accounts.principal import Principal
-from apps.core.errors import NotFound, ValidationFailed
+from apps.core.errors import NotFound
+from apps.core.inputs import query_int
 from apps.core.pagination import IdCursorPagination
 from apps.datasets import selectors, services
 from apps.datasets.models import DatasetVersion, TaskVersion
@@ -34,12 +35,7 @@ def _int_param(request: Request, name: str, default: int, *, minimum: int, maxim
     raw = request.query_params.get(name)
     if raw in (None, ""):
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValidationFailed(f"{name} must be an integer", field=name) from None
-    if value < minimum:
-        raise ValidationFailed(f"{name} must be at least {minimum}", field=name)
+    value = query_int(raw, name=name, minimum=minimum)
     return min(value, maximum) if maximum is not None else value
 
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import re
 import stat
 import tarfile
 import tomllib
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -46,6 +47,8 @@ _SKIP_FILES = frozenset({".DS_Store"})
 _SKIP_SUFFIXES = (".pyc", ".pyo")
 
 TASK_NAME_MAX = 200
+DOCKER_IMAGE_MAX = 300
+_NOT_TEXT = re.compile("[\x00\ud800-\udfff]")
 
 
 class TaskFormatError(ValueError):
@@ -221,7 +224,55 @@ def task_config_parse(text: str, *, where: str) -> tuple[Any, dict[str, Any]]:
         raise TaskFormatError(where, "; ".join(messages)) from None
     except ValueError as exc:  # a model validator that raised outside pydantic's wrapping
         raise TaskFormatError(where, str(exc)) from None
+    _numbers_check(config.model_dump(), text=text, where=where)
     return config, config.model_dump(mode="json")
+
+
+# Harbor's models take any number here; a task that asks for -1 MB or a 0 s timeout can
+# never run, so it is refused at import, naming the key. Every *_sec is a duration.
+_POSITIVE_KEYS = frozenset({"cpus", "memory_mb", "storage_mb"})
+_NON_NEGATIVE_KEYS = frozenset({"gpus", "retries", "start_period_sec"})
+_MEGABYTES_MAX = 2**31 - 1  # memory_mb and storage_mb are stored as 32-bit integers
+
+
+def _numbers(node: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], float]]:
+    """(location, value) of every number in a dumped config."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _numbers(value, (*path, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _numbers(value, (*path, i))
+    elif isinstance(node, int | float) and not isinstance(node, bool):
+        yield path, node
+
+
+def _number_problem(path: tuple[Any, ...], value: float) -> str | None:
+    if not math.isfinite(value):
+        return "must be a finite number"  # TOML has inf and nan; JSON (and the database) has not
+    key = path[-1] if isinstance(path[-1], str) else ""
+    if path[0] == "metadata":
+        return None  # the author's own data
+    if key in _NON_NEGATIVE_KEYS:
+        return "must not be negative" if value < 0 else None
+    if key in _POSITIVE_KEYS or key.endswith("_sec"):
+        if value <= 0:
+            return "must be positive"
+    if key.endswith("_mb") and value > _MEGABYTES_MAX:
+        return f"must be at most {_MEGABYTES_MAX}"
+    return None
+
+
+def _numbers_check(dumped: dict[str, Any], *, text: str, where: str) -> None:
+    messages = []
+    for path, value in _numbers(dumped):
+        problem = _number_problem(path, value)
+        if problem:
+            line = _toml_key_line(text, tuple(str(p) for p in path))
+            prefix = f"line {line}: " if line else ""
+            messages.append(f"{prefix}{_toml_label(path)}: {problem} (got {value!r})")
+    if messages:
+        raise TaskFormatError(where, "; ".join(messages))
 
 
 def _toml_label(loc: tuple[Any, ...]) -> str:
@@ -393,6 +444,10 @@ def task_dir_parse(
     name = str(task.name)
     if len(name) > TASK_NAME_MAX:
         raise TaskFormatError(f"{label}/task.toml", f"[task].name is longer than {TASK_NAME_MAX} characters")
+    if len(config.environment.docker_image or "") > DOCKER_IMAGE_MAX:
+        raise TaskFormatError(
+            f"{label}/task.toml", f"[environment].docker_image is longer than {DOCKER_IMAGE_MAX} characters"
+        )
 
     archive = canonical_tar(entries)
     return ParsedTask(
@@ -541,6 +596,7 @@ def archive_extract(
             members = []
             total = 0
             for member in tar:
+                _member_names_check(member, where=where)
                 members.append(member)
                 if len(members) > max_members:
                     raise TaskFormatError(where, f"more than {max_members} entries")
@@ -563,6 +619,25 @@ def archive_extract(
     except EOFError:
         raise TaskFormatError(where, "truncated archive") from None
     return archive_root(dest)
+
+
+def _member_names_check(member: tarfile.TarInfo, *, where: str) -> None:
+    """A name that is not UTF-8 (tarfile keeps its bytes as lone surrogates) or holds a NUL
+    could not be stored, shown or extracted; it is refused, shown with its bytes escaped."""
+    for label, name in (("file name", member.name), ("link target", member.linkname)):
+        match = _NOT_TEXT.search(name)
+        if match:
+            problem = "contains a NUL character" if match.group() == "\x00" else "is not valid UTF-8"
+            raise TaskFormatError(f"{where}: {_escaped(name)}", f"{label} {problem}")
+
+
+def _escaped(name: str) -> str:
+    """The name's bytes as text, undecodable ones escaped ("caf\\xe9")."""
+    try:
+        raw = name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that is not an undecodable byte
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace").replace("\x00", "\\x00")
 
 
 def _filter_reason(exc: tarfile.FilterError) -> str:

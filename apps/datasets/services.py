@@ -76,6 +76,19 @@ def _task_parse(path: Path, *, label: str | None = None, field: str | None = Non
         raise ValidationFailed(str(exc), field=field) from None
 
 
+def _names_unique_check(*, tasks: list[ParsedTask], labels: list[str], field: str | None) -> None:
+    """Runs, trials and results name a dataset's tasks: two with one name could not be told apart."""
+    seen: dict[str, str] = {}
+    for parsed, label in zip(tasks, labels, strict=True):
+        if parsed.name in seen:
+            raise ValidationFailed(
+                f"{label}: task name {parsed.name!r} is also the name of {seen[parsed.name]}; "
+                "task names must be unique within a dataset version",
+                field=field,
+            )
+        seen[parsed.name] = label
+
+
 def _task_version_store(*, org: Organization, parsed: ParsedTask) -> TaskVersion:
     """The org's task version for this content: the existing one, or a new one.
 
@@ -176,6 +189,7 @@ def _dataset_import_task_dirs(
     except TaskFormatError as exc:
         raise ValidationFailed(str(exc), field=field) from None
     tasks = [_task_parse(d, label=d.name, field=field) for d in dirs]
+    _names_unique_check(tasks=tasks, labels=[d.name for d in dirs], field=field)
     return _dataset_version_store(org=org, name=name, version=version, tasks=tasks)
 
 
@@ -208,7 +222,10 @@ def _registry_tasks(
                     raise
     except TaskFormatError as exc:
         raise ValidationFailed(str(exc), field=field) from None
-    return [_task_parse(entry.path, label=entry.path.name, field=field) for entry in entries]
+    tasks = [_task_parse(entry.path, label=entry.path.name, field=field) for entry in entries]
+    labels = [f"{where}: tasks[{i}] ({entry.name})" for i, entry in enumerate(entries)]
+    _names_unique_check(tasks=tasks, labels=labels, field=field)
+    return tasks
 
 
 def dataset_import_registry(

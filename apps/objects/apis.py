@@ -15,6 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.core.fields import IntegerField
 from apps.objects.selectors import object_get, upload_grant_get
 from apps.objects.services import (
     DEFAULT_CONTENT_TYPE,
@@ -46,7 +47,7 @@ class ObjectUploadGrantApi(APIView):
             ref_name = "ObjectUploadGrantInput"
 
         sha256 = serializers.RegexField(r"^[0-9a-fA-F]{64}$")
-        size = serializers.IntegerField(min_value=0)
+        size = IntegerField(min_value=0)
         content_type = serializers.CharField(max_length=100, default=DEFAULT_CONTENT_TYPE)
 
     class OutputSerializer(serializers.Serializer):

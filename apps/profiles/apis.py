@@ -33,7 +33,6 @@ from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
-from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -42,6 +41,7 @@ from apps.accounts.models import Organization
 from apps.accounts.principal import Principal
 from apps.core.errors import ValidationFailed
 from apps.core.pagination import IdCursorPagination
+from apps.core.parsers import JSONParser
 from apps.profiles.models import ProfileVersion
 from apps.profiles.selectors import (
     profile_get,

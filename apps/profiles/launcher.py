@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apps.core.canonical import canonical_digest
+from apps.runs.sandbox.sandbox import container_dir_problem
 
 PLAN_FORMAT = "synth.launch-plan/1"
 CREDENTIAL_MARKER = "${credential}"
@@ -468,6 +469,10 @@ def launch_plan_build(*, recipe: dict[str, Any], bindings: Bindings, logs_dir: s
     ``to_dict()`` and digest), so a stored plan shows exactly what was launched.
     """
     _recipe_validate(recipe)
+    return _plan_build(recipe=recipe, bindings=bindings, logs_dir=logs_dir)
+
+
+def _plan_build(*, recipe: dict[str, Any], bindings: Bindings, logs_dir: str) -> LaunchPlan:
     _bindings_check(bindings)
     engine = recipe["engine"]["name"]
     if engine not in ENGINES:
@@ -615,3 +620,54 @@ def launch_plan_build(*, recipe: dict[str, Any], bindings: Bindings, logs_dir: s
         logs_dir=logs_dir,
         credential=bindings.credential,
     )
+
+
+# ---------------------------------------------------------------- publishing
+
+
+def _probe_bindings(recipe: dict[str, Any]) -> Bindings:
+    """Ordinary bindings for ``recipe`` as the trials worker gives them: a task in /app, and
+    the model the recipe names with its credential, except for the model-free engines."""
+    model = recipe.get("model") or {}
+    with_model = bool(model) and recipe["engine"]["name"] not in ("oracle", "nop")
+    return Bindings(
+        task=TaskBinding(
+            name="probe", workdir="/app", instruction="probe", agent_timeout_sec=600.0, id="tv_probe", digest="0" * 64
+        ),
+        run=RunBinding(id="run_probe", kind="evaluate"),
+        attempt=AttemptBinding(trial_id="trl_probe", index=0, group_id="grp_probe"),
+        model=(
+            ModelBinding(
+                name=model.get("route") or "probe",
+                base_url="http://127.0.0.1:18080",
+                route=model.get("route") or "probe",
+                checkpoint=model.get("checkpoint"),
+            )
+            if with_model
+            else None
+        ),
+        credential="probe-credential" if with_model else None,
+    )
+
+
+def recipe_launch_check(*, recipe: dict[str, Any]) -> None:
+    """Raise LaunchError (naming the field) when a schema-valid ``recipe`` can never launch.
+
+    It is interpreted with ordinary bindings (:func:`_probe_bindings`): what fails there
+    (an unknown binding such as ``${task.wrkdir}``, a binding with no value such as
+    ``${model.name}`` in a recipe without a model, a relative workdir, an output of ``/``)
+    fails for every attempt. So does a workdir or an instruction file in a directory the
+    local sandbox provides read-only (``/``, ``/usr``, ``/etc``, ``/proc``, ...). Checked when
+    a version is published, rather than found out by each attempt of a run.
+    """
+    plan = _plan_build(recipe=recipe, bindings=_probe_bindings(recipe), logs_dir=AGENT_LOGS_DIR)
+    problem = container_dir_problem(plan.workdir)
+    if problem:
+        raise LaunchError(f"workdir: {plan.workdir!r} cannot be the working directory: {problem}", field="workdir")
+    if plan.instruction_path is not None:
+        problem = container_dir_problem(posixpath.dirname(plan.instruction_path))
+        if problem:
+            raise LaunchError(
+                f"instruction.via: {plan.instruction_path!r} cannot be written in the sandbox: {problem}",
+                field="instruction.via",
+            )

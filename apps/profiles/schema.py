@@ -27,10 +27,11 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from jsonschema import Draft202012Validator, ValidationError, validators
+from jsonschema import Draft202012Validator, ValidationError
 from jsonschema.exceptions import best_match
 
 from apps.core.errors import ValidationFailed
+from apps.core.inputs import strict_validator
 from apps.profiles.reserved import reserved_arg_find, reserved_env_find, reserved_file_find
 
 ENGINES = ("claude-code", "command", "synth-mini", "oracle", "nop")
@@ -203,7 +204,8 @@ def _pattern_ecma(validator: Any, pattern: str, instance: Any, schema: dict[str,
         yield ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
-_Validator = validators.extend(Draft202012Validator, {"pattern": _pattern_ecma})
+# "integer" is a JSON integer: 2.0 is refused, not normalized (apps.core.inputs).
+_Validator = strict_validator(keywords={"pattern": _pattern_ecma})
 Draft202012Validator.check_schema(RECIPE_SCHEMA)
 _VALIDATOR = _Validator(RECIPE_SCHEMA)
 

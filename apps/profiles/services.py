@@ -13,6 +13,7 @@ from django.db.models import Max
 from apps.accounts.models import Organization
 from apps.core.canonical import canonical_bytes, sha256_hex
 from apps.core.errors import ValidationFailed
+from apps.profiles.launcher import LaunchError, recipe_launch_check
 from apps.profiles.models import AgentProfile, ProfileVersion
 from apps.profiles.schema import MAX_RECIPE_BYTES, recipe_validate
 
@@ -48,8 +49,13 @@ def _numbers_normalize(value: Any) -> Any:
 
 
 def recipe_canonicalize(*, recipe: dict[str, Any]) -> bytes:
-    """Validate `recipe` and return its canonical bytes (apps.core.canonical, integral numbers as integers)."""
+    """Validate `recipe` (its schema, and that it can launch at all) and return its canonical
+    bytes (apps.core.canonical, integral numbers as integers)."""
     recipe_validate(recipe=recipe)
+    try:
+        recipe_launch_check(recipe=recipe)
+    except LaunchError as exc:
+        raise ValidationFailed(f"the recipe can never launch: {exc.message}", field=exc.field) from None
     try:
         data = canonical_bytes(_numbers_normalize(recipe))
     except ValueError as exc:  # NaN or Infinity, which JSON cannot carry

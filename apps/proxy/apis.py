@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.core.fields import IntegerField
 from apps.core.pagination import IdCursorPagination
 from apps.proxy import selectors, services
 from apps.proxy.models import Integrity, Interaction, ModelRoute
@@ -122,8 +123,11 @@ class InteractiveCredentialCreateApi(APIView):
     operator's API token. Viewers may not open model sessions."""
 
     class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "InteractiveCredentialInput"
+
         model = serializers.CharField(max_length=300)
-        ttl_sec = serializers.IntegerField(required=False, min_value=60, max_value=7 * 24 * 3600, default=12 * 3600)
+        ttl_sec = IntegerField(required=False, min_value=60, max_value=7 * 24 * 3600, default=12 * 3600)
 
     @extend_schema(request=InputSerializer, responses={201: dict})
     def post(self, request: Request) -> Response:

@@ -80,7 +80,20 @@ def new_request_id() -> str:
     return new_id("req")
 
 
+_TYPES_BY_STATUS = {
+    cls.status: cls.error_type
+    for cls in (AuthenticationFailed, PermissionDenied, NotFound, RequestTooLarge, RateLimited, Overloaded)
+}
+
+
+def error_type_for_status(status: int) -> str:
+    """The Anthropic error type of an HTTP status (a 4xx not listed is a request error)."""
+    return _TYPES_BY_STATUS.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+
 def error_payload(*, error_type: str, message: str, request_id: str | None = None) -> dict[str, Any]:
+    # A message may quote the input; one UTF-8 cannot encode would turn the answer into a 500.
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     body: dict[str, Any] = {"type": "error", "error": {"type": error_type, "message": message}}
     if request_id:
         body["request_id"] = request_id

@@ -14,7 +14,6 @@ before the stream starts, so they are HTTP statuses Claude Code acts on (it comp
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -31,6 +30,7 @@ from django.http.request import RawPostDataException
 from django.views.decorators.csrf import csrf_exempt
 
 from apps.core.ids import new_id
+from apps.core.inputs import InputProblem, json_loads_strict
 from apps.proxy import capture, pool, schema, services, streaming
 from apps.proxy.credentials import Caller, caller_authenticate, secret_from_headers
 from apps.proxy.errors import (
@@ -131,19 +131,24 @@ def _read_body(request: HttpRequest) -> bytes:
     return body
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+# Deeper than any tool schema or tool input; the adapters' templates and encoders recurse.
+MAX_JSON_DEPTH = 128
 
 
 def _decode_json(body: bytes) -> Any:
+    """The body as JSON, held to the platform's input rules (apps.core.inputs): finite
+    numbers, no NUL or lone surrogate in any string or key, bounded nesting."""
     if not body.strip():
         raise InvalidRequest("the request body must be a JSON object")
     try:
-        return json.loads(body, parse_constant=_reject_constant)
-    except RecursionError as exc:
-        raise InvalidRequest("the request body is nested too deeply") from exc
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from exc
+        return json_loads_strict(body.decode("utf-8"), max_depth=MAX_JSON_DEPTH)
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: it is not UTF-8 ({exc})") from None
+    except InputProblem as exc:
+        if exc.path is None:
+            raise InvalidRequest(f"the request body is {exc.message}") from None
+        where = ".".join(str(part) for part in exc.path)
+        raise InvalidRequest(f"{where}: {exc.message}" if where else exc.message) from None
 
 
 async def _authenticate(request: HttpRequest) -> Caller:

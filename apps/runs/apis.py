@@ -17,7 +17,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounts.permissions import IsWorker
-from apps.core.errors import ValidationFailed
+from apps.core.fields import IntegerField
+from apps.core.inputs import query_int
 from apps.core.pagination import IdCursorPagination, OldestFirstPagination
 from apps.runs import selectors, services
 from apps.runs.models import TERMINAL_STATUSES, Lease, Run, RunEvent
@@ -156,8 +157,8 @@ class RunEventsApi(APIView):
     KEEPALIVE_SECONDS = 10.0
 
     class QuerySerializer(serializers.Serializer):
-        after = serializers.IntegerField(required=False, min_value=0, default=0)
-        limit = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=200)
+        after = IntegerField(required=False, min_value=0, default=0)
+        limit = IntegerField(required=False, min_value=1, max_value=1000, default=200)
         follow = serializers.BooleanField(required=False, default=False)
         wait = serializers.FloatField(required=False, min_value=0, max_value=60, default=0)
         timeout = serializers.FloatField(required=False, min_value=1, max_value=3600, default=600)
@@ -170,10 +171,7 @@ class RunEventsApi(APIView):
         after = params["after"]
         last_event_id = request.headers.get("Last-Event-ID")
         if last_event_id:
-            try:
-                after = max(after, int(last_event_id))
-            except ValueError as exc:
-                raise ValidationFailed("Last-Event-ID must be an integer", field="Last-Event-ID") from exc
+            after = max(after, query_int(last_event_id, name="Last-Event-ID", minimum=0))
         run = selectors.run_get(org=request.auth.org, run_id=run_id)
         if params["follow"]:
             response = StreamingHttpResponse(
@@ -254,6 +252,9 @@ class WorkerClaimApi(APIView):
     permission_classes = [IsWorker]
 
     class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "WorkerClaimInput"  # one OpenAPI component per endpoint
+
         unit = serializers.CharField(required=False, default="run", max_length=100)
 
     @extend_schema(request=InputSerializer, responses={200: dict, 204: None})
@@ -275,7 +276,10 @@ class _LeaseApi(APIView):
 
 class WorkerHeartbeatApi(_LeaseApi):
     class InputSerializer(serializers.Serializer):
-        fence = serializers.IntegerField(min_value=1)
+        class Meta:
+            ref_name = "WorkerHeartbeatInput"  # one OpenAPI component per endpoint
+
+        fence = IntegerField(min_value=1)
 
     @extend_schema(request=InputSerializer, responses={200: dict})
     def post(self, request: Request, lease_id: str) -> Response:
@@ -292,8 +296,11 @@ class WorkerHeartbeatApi(_LeaseApi):
 
 class WorkerReportApi(_LeaseApi):
     class InputSerializer(serializers.Serializer):
-        fence = serializers.IntegerField(min_value=1)
-        local_seq = serializers.IntegerField(min_value=0)
+        class Meta:
+            ref_name = "WorkerReportInput"  # one OpenAPI component per endpoint
+
+        fence = IntegerField(min_value=1)
+        local_seq = IntegerField(min_value=0)
         events = serializers.ListField(child=serializers.DictField(), max_length=1000)
 
     @extend_schema(request=InputSerializer, responses={200: dict})
@@ -306,7 +313,10 @@ class WorkerReportApi(_LeaseApi):
 
 class WorkerCompleteApi(_LeaseApi):
     class InputSerializer(serializers.Serializer):
-        fence = serializers.IntegerField(min_value=1)
+        class Meta:
+            ref_name = "WorkerCompleteInput"  # one OpenAPI component per endpoint
+
+        fence = IntegerField(min_value=1)
         outcome = serializers.ChoiceField(choices=["succeeded", "failed", "cancelled"])
         summary = serializers.DictField(required=False, default=dict)
         error = serializers.CharField(required=False, default="", allow_blank=True, max_length=10_000)
@@ -321,7 +331,10 @@ class WorkerCompleteApi(_LeaseApi):
 
 class WorkerReleaseApi(_LeaseApi):
     class InputSerializer(serializers.Serializer):
-        fence = serializers.IntegerField(min_value=1)
+        class Meta:
+            ref_name = "WorkerReleaseInput"  # one OpenAPI component per endpoint
+
+        fence = IntegerField(min_value=1)
         reason = serializers.CharField(required=False, default="", allow_blank=True, max_length=1000)
 
     @extend_schema(request=InputSerializer, responses={200: dict})

@@ -1,7 +1,8 @@
 """Plans, validated per run kind. Defaults are filled in so that a pinned plan is explicit.
 
 Unknown keys are errors (a typo such as "attempts_per_tsk" must not silently run with
-the default). Error messages name the JSON path of the offending value.
+the default), and an integer is a JSON integer (2.0 is refused, see apps.core.inputs).
+Error messages name the JSON path of the offending value.
 """
 
 from __future__ import annotations
@@ -9,9 +10,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from jsonschema import Draft202012Validator
-
 from apps.core.errors import ValidationFailed
+from apps.core.inputs import strict_validator
 
 _SAMPLING = {
     "type": "object",
@@ -168,7 +168,8 @@ PLAN_SCHEMAS: dict[str, dict[str, Any]] = {
         },
     },
 }
-_VALIDATORS = {kind: Draft202012Validator(schema) for kind, schema in PLAN_SCHEMAS.items()}
+_Validator = strict_validator()
+_VALIDATORS = {kind: _Validator(schema) for kind, schema in PLAN_SCHEMAS.items()}
 
 
 def _path(parts: Any) -> str:

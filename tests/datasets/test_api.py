@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import io
+import tarfile
 from pathlib import Path
 
 import pytest
 
 from apps.datasets.models import Dataset, DatasetVersion, TaskVersion
 from apps.objects.models import StoredObject
-from tests.datasets.conftest import EXAMPLE_SLUGS, EXAMPLES, tar_gz, write_task
+from tests.datasets.conftest import EXAMPLE_SLUGS, EXAMPLES, TASK_TOML, tar_gz, write_task
 
 pytestmark = pytest.mark.django_db
 
@@ -161,3 +162,72 @@ def test_viewer_reads_but_cannot_import(alice, viewer, examples_copy) -> None:
 
 def test_anonymous_is_refused(client) -> None:
     assert client.get("/api/datasets").status_code in (401, 403)
+
+
+# REFUSED AT PUSH, NAMING THE FIELD
+# ------------------------------------------------------------------------------
+
+
+def _refusal(response) -> dict:
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request" and error["field"] == "archive"
+    return error
+
+
+def test_a_member_name_that_is_not_utf8_is_refused(alice, tmp_path: Path) -> None:
+    write_task(tmp_path, "good")
+    buf = io.BytesIO()
+    # GNU headers carry the raw bytes; tarfile reads them back as lone surrogates.
+    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.GNU_FORMAT, errors="surrogateescape") as tar:
+        tar.add(tmp_path / "good", arcname="good")
+        info = tarfile.TarInfo("good/caf\udce9.txt")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"hi"))
+    buf.seek(0)
+    buf.name = "tasks.tar.gz"
+    counts = [m.objects.count() for m in (TaskVersion, DatasetVersion)]
+    error = _refusal(_post(alice, buf))
+    assert error["message"] == "archive: good/caf\\xe9.txt: file name is not valid UTF-8"
+    assert [m.objects.count() for m in (TaskVersion, DatasetVersion)] == counts
+
+
+@pytest.mark.parametrize(
+    "old, new, fragment",
+    [
+        ("memory_mb = 1024", "memory_mb = -1", "line 14: [environment].memory_mb: must be positive (got -1)"),
+        ("memory_mb = 1024", "memory_mb = 3000000000", "[environment].memory_mb: must be at most 2147483647"),
+        ("cpus = 1", "cpus = 0", "line 13: [environment].cpus: must be positive (got 0)"),
+        ("cpus = 1", "storage_mb = 0", "[environment].storage_mb: must be positive (got 0)"),
+        ("cpus = 1", "build_timeout_sec = -1.0", "[environment].build_timeout_sec: must be positive (got -1.0)"),
+        ("cpus = 1", "gpus = -1", "[environment].gpus: must not be negative (got -1)"),
+        ("timeout_sec = 120.0", "timeout_sec = -5.0", "line 10: [agent].timeout_sec: must be positive (got -5.0)"),
+        ("timeout_sec = 60.0", "timeout_sec = 0.0", "line 7: [verifier].timeout_sec: must be positive (got 0.0)"),
+        ("timeout_sec = 120.0", "timeout_sec = inf", "[agent].timeout_sec: must be a finite number (got inf)"),
+        ('workdir = "/app"', 'workdir = "/app"\n[metadata]\nscore = nan', "[metadata].score: must be a finite number"),
+    ],
+)
+def test_impossible_resources_and_timeouts_are_refused(alice, tmp_path: Path, old, new, fragment) -> None:
+    toml = TASK_TOML.format(slug="hello")
+    assert toml.count(old) == 1
+    write_task(tmp_path, "hello", toml=toml.replace(old, new))
+    error = _refusal(_post(alice, tar_gz(tmp_path)))
+    assert error["message"].startswith("hello/task.toml: "), error
+    assert fragment in error["message"], error
+    assert not TaskVersion.objects.exists()
+
+
+def test_duplicate_task_names_in_one_dataset_are_refused(alice, tmp_path: Path) -> None:
+    write_task(tmp_path, "first", toml=TASK_TOML.format(slug="same"))
+    write_task(tmp_path, "second", toml=TASK_TOML.format(slug="same"))
+    error = _refusal(_post(alice, tar_gz(tmp_path)))
+    assert error["message"] == (
+        "second: task name 'test/same' is also the name of first; task names must be unique within a dataset version"
+    )
+    assert not DatasetVersion.objects.exists()
+
+
+def test_an_overlong_docker_image_is_refused(alice, tmp_path: Path) -> None:
+    write_task(tmp_path, "hello", toml=TASK_TOML.format(slug="hello") + f'docker_image = "{"x" * 301}"\n')
+    error = _refusal(_post(alice, tar_gz(tmp_path)))
+    assert error["message"] == "hello/task.toml: [environment].docker_image is longer than 300 characters"

@@ -202,3 +202,95 @@ def test_an_author_cannot_be_deleted_out_from_under_a_version(alice):
     publish(alice)
     with pytest.raises(ProtectedError):
         get_user_model().objects.get(username="alice").delete()
+
+
+# STRICT INPUT; RECIPES THAT CAN NEVER LAUNCH
+# ------------------------------------------------------------------------------
+
+
+def _refused(response, field):
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert (error["type"], error["field"]) == ("invalid_request", field), error
+    return error["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        (("limits", "max_model_calls"), 5.0, "limits.max_model_calls"),  # a JSON integer, not 5.0
+        (("limits", "max_model_calls"), "5", "limits.max_model_calls"),
+        (("limits", "max_model_calls"), True, "limits.max_model_calls"),
+        (("env", "CLAUDE_CODE_MAX_OUTPUT_TOKENS"), "81\x0092", "env.CLAUDE_CODE_MAX_OUTPUT_TOKENS"),
+        (("files", 0, "content"), "lone \udc80 surrogate", "files[0].content"),
+    ],
+)
+def test_float_integers_nul_and_lone_surrogates_are_refused(alice, path, value, field):
+    recipe = copy.deepcopy(BASE)
+    parent = recipe
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+    _refused(publish(alice, recipe), field)
+
+
+def test_an_integral_number_in_a_number_field_is_still_written_as_an_integer(alice):
+    body = publish(alice, {**BASE, "limits": {"timeout_sec": 1800.0}}).json()
+    assert json.loads(body["canonical"])["limits"] == {"timeout_sec": 1800}
+
+
+def test_a_nul_in_an_object_key_names_the_object(alice):
+    message = _refused(publish(alice, {**BASE, "env": {"A\x00": "1"}}), "env")
+    assert "an object key contains a NUL character" in message
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "fragment"),
+    [
+        ({"setup": ["cd ${task.wrkdir}"]}, "setup[0]", "unknown binding ${task.wrkdir}"),
+        ({"args": ["--name", "${model.nickname}"]}, "args[1]", "unknown binding ${model.nickname}"),
+        ({"workdir": "/"}, "workdir", "the root directory cannot be writable"),
+        ({"workdir": "/usr"}, "workdir", "/usr is inside the host's read-only /usr"),
+        ({"workdir": "/etc/${task.name}"}, "workdir", "inside the host's read-only /etc"),
+        ({"workdir": "/proc/self"}, "workdir", "which the sandbox provides itself"),
+        ({"workdir": "app"}, "workdir", "must be an absolute path"),
+        ({"instruction": {"via": "file:/usr/share/task.md"}}, "instruction.via", "read-only /usr"),
+        ({"instruction": {"via": "file:/etc/${task.name}.md"}}, "instruction.via", "read-only /etc"),
+        ({"outputs": ["/"]}, "outputs[0]", "contains the artifacts directory"),
+    ],
+)
+def test_recipes_that_can_never_launch_are_refused_at_publish(alice, changes, field, fragment):
+    message = _refused(publish(alice, {**copy.deepcopy(BASE), **changes}), field)
+    assert message.startswith("the recipe can never launch: ") and fragment in message, message
+
+
+@pytest.mark.parametrize(
+    ("recipe", "field"),
+    [
+        # A model binding where the recipe binds no model, or its engine is given none.
+        ({"engine": {"name": "command", "version": "1"}, "command": ["echo", "${model.name}"]}, "command[1]"),
+        (
+            {"engine": {"name": "nop", "version": "1"}, "model": {"route": "r"}, "setup": ["echo ${model.route}"]},
+            "setup[0]",
+        ),
+        (
+            {"engine": {"name": "command", "version": "1"}, "command": ["true"], "env": {"KEY": "${credential}"}},
+            "env.KEY",
+        ),
+    ],
+)
+def test_bindings_that_can_have_no_value_are_refused(alice, recipe, field):
+    message = _refused(publish(alice, {**recipe, "limits": {"timeout_sec": 60}}), field)
+    assert "has no value" in message, message
+
+
+def test_recipes_that_launch_are_published(alice):
+    for changes in (
+        {"workdir": "/app/${task.name}"},
+        {"workdir": "/srv/work"},
+        {"instruction": {"via": "file:/tmp/instruction.md"}},
+        {"instruction": {"via": "file:notes/task.md"}},
+        {"setup": ["echo ${task.workdir} ${HOME} ${X:-y}"], "outputs": ["out.txt", "/logs/agent/x.txt"]},
+    ):
+        response = publish(alice, {**copy.deepcopy(BASE), **changes})
+        assert response.status_code in (200, 201), (changes, response.content)

@@ -235,3 +235,51 @@ def test_zz_fuzz_reached_both_outcomes():
     # The mutation fuzz is only meaningful if some mutants are still valid and served.
     if STATUSES:
         assert 200 in STATUSES and any(400 <= s < 500 for s in STATUSES)
+
+
+# STRICT INPUT
+# ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "mutate, fragment",
+    [
+        (lambda b: b["messages"][0].update(content="hi\x00"), "messages.0.content"),
+        (lambda b: b["messages"][0].update(content="hi\ud800"), "messages.0.content"),
+        (lambda b: b["messages"][1]["content"][0]["input"].update({"c\x00": 1}), "messages.1.content.0.input"),
+        (lambda b: b.update(metadata={"user_id": "\udfff"}), "metadata.user_id"),
+        (lambda b: b["tools"][0]["input_schema"].update(properties={"\ud83d": {}}), "tools.0.input_schema.properties"),
+        (lambda b: b.update(max_tokens=16.0), "max_tokens"),
+        (lambda b: b.update(top_k=5.0), "top_k"),
+        (lambda b: b.update(thinking={"type": "enabled", "budget_tokens": 2048.0}), "thinking.budget_tokens"),
+    ],
+)
+def test_nul_lone_surrogates_and_float_integers_are_400(alice, mutate, fragment):
+    make_route()
+    body = copy.deepcopy(VALID)
+    mutate(body)
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        if path.endswith("count_tokens") and fragment in ("max_tokens", "top_k"):
+            continue  # count_tokens takes no sampling fields
+        error = assert_error(call(path, secret=alice.secret, body=body), 400, "invalid_request_error")
+        assert error["error"]["message"].startswith(fragment), error
+
+
+def test_a_valid_surrogate_pair_is_text(alice):
+    make_route()
+    body = {**VALID, "messages": [{"role": "user", "content": "smile \ud83d\ude00"}]}
+    assert call("/v1/messages", secret=alice.secret, body=body).status == 200
+
+
+@pytest.mark.parametrize("raw", [b'{"model": 1e400}', b'{"max_tokens": ' + b"9" * 5000 + b"}", b"[" * 200 + b"]" * 200])
+def test_unrepresentable_numbers_and_deep_nesting_are_400(alice, raw):
+    make_route()
+    assert_error(call("/v1/messages", secret=alice.secret, raw=raw), 400, "invalid_request_error")
+
+
+def test_nul_in_a_header_or_the_query_is_400(alice):
+    make_route()
+    reply = call("/v1/messages", secret=alice.secret, body=VALID, headers={"x-claude-code-session-id": "a\x00"})
+    assert "x-claude-code-session-id" in assert_error(reply, 400, "invalid_request_error")["error"]["message"].lower()
+    reply = call("/v1/messages?beta=%00", secret=alice.secret, body=VALID)
+    assert "'beta'" in assert_error(reply, 400, "invalid_request_error")["error"]["message"]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
@@ -10,7 +11,9 @@ pytestmark = pytest.mark.django_db
 
 
 def submit(member, body, key="k1"):
-    return member.client.post("/api/runs", body, format="json", HTTP_IDEMPOTENCY_KEY=key)
+    # Encoded here, ASCII-escaped as most clients send it (a lone surrogate stays a \ud800 escape).
+    data = json.dumps(body)
+    return member.client.post("/api/runs", data, content_type="application/json", HTTP_IDEMPOTENCY_KEY=key)
 
 
 def test_it_admits_a_run_with_pinned_spec_and_created_event(alice, inputs):
@@ -23,6 +26,7 @@ def test_it_admits_a_run_with_pinned_spec_and_created_event(alice, inputs):
     assert data["actor"] == {"profile": "noop", "version": 1, "digest": inputs["actor"].digest}
     # Defaults are written out in the pinned plan.
     assert data["plan"]["attempts_per_task"] == 2
+    assert type(data["plan"]["attempts_per_task"]) is int
     assert data["plan"]["timeout_multiplier"] == 1.0
     spec = RunSpec.objects.get(run_id=data["id"])
     assert spec.dataset_digest == inputs["dataset_version"].digest
@@ -76,6 +80,17 @@ def test_without_a_key_each_submission_is_new(alice, inputs):
         (lambda b: b.update(actor="noop"), "actor"),
         (lambda b: b.update(dataset=7), "dataset"),
         (lambda b: b.update(extra=1), "extra"),
+        # Integers are JSON integers: 2.0, "8" and true are refused, not normalized.
+        (lambda b: b["plan"].update(attempts_per_task=2.0), "plan.attempts_per_task"),
+        (lambda b: b["plan"].update(max_concurrency="8"), "plan.max_concurrency"),
+        (lambda b: b["plan"].update(resources={"memory_mb": 1024.0}), "plan.resources.memory_mb"),
+        (lambda b: b["plan"].update(sampling={"max_tokens": True}), "plan.sampling.max_tokens"),
+        (lambda b: b["actor"].update(version=1.0), "actor.version"),
+        # Text the database cannot store, anywhere in the body.
+        (lambda b: b["plan"].update(task_names=["ok", "a\x00b"]), "plan.task_names[1]"),
+        (lambda b: b["plan"].update(environment="\ud800"), "plan.environment"),
+        (lambda b: b["plan"].update({"\x00": 1}), "plan"),
+        (lambda b: b.update(dataset="team/evaluation@v1\x00"), "dataset"),
     ],
 )
 def test_bad_bodies_are_400_naming_the_field(alice, inputs, mutate, field):

@@ -1,0 +1,136 @@
+"""The input rules every request is held to, checked once where it is parsed.
+
+* Text is text: no string anywhere in a JSON body (object keys included, at any depth), a
+  query string, a path or a header holds U+0000 or a lone surrogate (U+D800..U+DFFF).
+  PostgreSQL cannot store the first and UTF-8 cannot encode the second, so either would
+  fail a write or the answer after the input had been accepted.
+* Numbers are finite: ``1e400`` parses to infinity, which no JSON encoder writes back.
+* Nesting is bounded: validators and encoders recurse, and Python's stack is not.
+* An integer is an integer: a JSON integer in a body, decimal digits in a query string.
+  ``2.0``, ``"2"`` and ``true`` are refused with the field's path rather than normalized
+  (the OpenAPI/pydantic "strict" choice): what is accepted is exactly what is stored.
+  JSON Schema's "integer" admits ``2.0``, so the validators below redefine it.
+
+The DRF parsers (apps.core.parsers), the /v1 views and the project's middleware call these.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from jsonschema import Draft202012Validator, validators
+
+from apps.core.errors import ValidationFailed
+
+MAX_JSON_DEPTH = 64  # a recipe, a plan or a worker report is a few levels deep
+
+_BAD_TEXT = re.compile("[\x00\ud800-\udfff]")
+# A NUL or a lone surrogate can only reach a parsed string through a \u escape: a raw NUL
+# is invalid JSON and the text was decoded strictly. Without one, the strings need no scan.
+_SUSPECT_ESCAPE = re.compile(r"\\u(?:0000|[dD][89a-fA-F])")
+_DIGITS = re.compile(r"-?[0-9]{1,30}")
+
+Path = tuple[str | int, ...]
+
+
+class InputProblem(ValueError):
+    """Input that breaks a rule above; ``path`` locates it in a JSON value (None: not JSON at all)."""
+
+    def __init__(self, message: str, *, path: Path | None = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.path = path
+
+
+def text_problem(text: str) -> str | None:
+    """What is wrong with ``text`` ("contains a NUL character (U+0000)"), or None."""
+    match = _BAD_TEXT.search(text)
+    if match is None:
+        return None
+    if match.group() == "\x00":
+        return "contains a NUL character (U+0000)"
+    return f"contains a lone surrogate (U+{ord(match.group()):04X})"
+
+
+def json_value_check(*, value: Any, max_depth: int = MAX_JSON_DEPTH, text: bool = True) -> None:
+    """Raise InputProblem at the first bad string, key, number or nesting level (document order)."""
+    stack: list[tuple[Any, Path, int]] = [(value, (), 0)]
+    while stack:
+        node, path, depth = stack.pop()
+        if isinstance(node, str):
+            problem = text_problem(node) if text else None
+            if problem:
+                raise InputProblem(f"the string {problem}", path=path)
+        elif isinstance(node, float):
+            if not math.isfinite(node):
+                raise InputProblem("numbers must be finite", path=path)
+        elif isinstance(node, dict | list):
+            if depth >= max_depth:
+                raise InputProblem(f"nested deeper than {max_depth} levels", path=path)
+            items = list(node.items()) if isinstance(node, dict) else list(enumerate(node))
+            for key, child in reversed(items):
+                problem = text_problem(key) if text and isinstance(key, str) else None
+                if problem:
+                    raise InputProblem(f"an object key {problem}", path=path)
+                stack.append((child, (*path, key), depth + 1))
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def json_loads_strict(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse JSON ``text`` and hold it to the rules above; InputProblem (path None) if not JSON."""
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise InputProblem(f"nested deeper than {max_depth} levels", path=None) from None
+    except ValueError as exc:  # JSONDecodeError, an out-of-range number, an over-long integer
+        raise InputProblem(f"not valid JSON: {exc}", path=None) from None
+    json_value_check(value=value, max_depth=max_depth, text=_SUSPECT_ESCAPE.search(text) is not None)
+    return value
+
+
+def field_path(parts: Sequence[str | int], *, prefix: str = "") -> str | None:
+    """("plan", "task_names", 0) -> "plan.task_names[0]": the form every error's ``field`` uses."""
+    out = prefix
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or None
+
+
+def query_digits(raw: str) -> bool:
+    """Whether ``raw`` is an integer as a query string writes one: decimal digits only
+    ("2.0", "2_0", " 2" and "٢" are not, although int() takes them)."""
+    return _DIGITS.fullmatch(raw) is not None
+
+
+def query_int(raw: str, *, name: str, minimum: int | None = None) -> int:
+    """A query-string integer (see query_digits), or ValidationFailed naming ``name``."""
+    if not query_digits(raw):
+        raise ValidationFailed(f"{name} must be an integer (decimal digits), got {raw[:40]!r}", field=name)
+    value = int(raw)
+    if minimum is not None and value < minimum:
+        raise ValidationFailed(f"{name} must be at least {minimum}", field=name)
+    return value
+
+
+def is_json_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def strict_validator(base: Any = Draft202012Validator, *, keywords: dict[str, Any] | None = None) -> Any:
+    """A JSON Schema validator class whose "integer" is a JSON integer (2.0 is not one)."""
+    checker = base.TYPE_CHECKER.redefine("integer", lambda _checker, value: is_json_integer(value))
+    return validators.extend(base, keywords or {}, type_checker=checker)
