@@ -34,12 +34,15 @@ from harbor.models.trial.config import ResourceMode
 from harbor.models.trial.paths import TrialPaths
 from pydantic import Field
 
+from apps.runs.sandbox.build import apply_build
+from apps.runs.sandbox.buildcache import DEFAULT_KEEP, BuildCache
 from apps.runs.sandbox.cgroups import detect_hierarchies, make_plan
 from apps.runs.sandbox.sandbox import (
     DEFAULT_HOST_DIRS,
     DEFAULT_MODEL_PORT,
     DEFAULT_PIDS_MAX,
     MODEL_SOCKET_IN_SANDBOX,
+    SANDBOX_PATH,
     Sandbox,
     SandboxError,
     SandboxLimits,
@@ -48,16 +51,18 @@ from apps.runs.sandbox.sandbox import (
 from apps.runs.sandbox.support import (
     APP_DIR_NAME,
     DEFAULT_ALLOWED_IMAGES,
+    DEFAULT_WORKDIR,
     SupportReport,
     UnsupportedTaskError,
     check_environment_supported,
-    parse_dockerfile,
+    dockerfile_workdir,
 )
 
 DEFAULT_MEMORY_MB = 2048
 DEFAULT_CPUS = 1.0
 DEFAULT_STORAGE_MB = 4096
-DEFAULT_WORKDIR = "/app"
+BUILD_CACHE_DIR_NAME = ".build-cache"
+BuildSource = Literal["none", "applied", "built", "cache"]
 
 
 def default_sandbox_root() -> Path:
@@ -84,6 +89,10 @@ class LocalSandboxOptions(EnvironmentOptions):
     extra_ro_binds: list[str] = Field(default_factory=list, description="'src' or 'src:dst', bound read-only.")
     extra_writable_dirs: list[str] = Field(default_factory=list)
     allowed_images: list[str] | None = Field(default=None, description="fnmatch patterns of acceptable base images.")
+    build_cache_dir: str | None = Field(
+        default=None, description="Host directory of built Dockerfiles (default: sandbox_root/.build-cache)."
+    )
+    build_cache_entries: int = Field(default=DEFAULT_KEEP, ge=1, description="Built Dockerfiles kept (LRU).")
 
 
 _BASE_PARAMS = frozenset(inspect.signature(BaseEnvironment.__init__).parameters) - {"self", "args", "kwargs"}
@@ -135,6 +144,9 @@ class LocalSandboxEnvironment(BaseEnvironment):
         self._sandbox: Sandbox | None = None
         self._warned_users: set[str] = set()
         self.support_report = SupportReport()
+        # How start() set the sandbox up from the Dockerfile: not at all, step by step, by
+        # running its build, or from the build cache.
+        self.build_source: BuildSource = "none"
         super().__init__(
             environment_dir, environment_name, session_id, trial_paths, task_env_config, logger, *args, **kwargs
         )
@@ -159,17 +171,16 @@ class LocalSandboxEnvironment(BaseEnvironment):
     # ------------------------------------------------------------------ validation
 
     def _validate_definition(self) -> None:
+        # Harbor's separate verifier is this same provider on tests/ ("bundled tests": built
+        # from tests/Dockerfile, which copies them to /tests), checked and built the same way.
         report = check_environment_supported(
             self.task_env_config,
             self.environment_dir,
             allowed_images=self._allowed_images,
             host_dirs=self._host_dirs,
+            extra_writable_dirs=self.sandbox_options.extra_writable_dirs,
+            label=f"the environment ({self.environment_dir.name}/)",
         )
-        if not self._enable_environment_dir_upload and (self.environment_dir / "Dockerfile").exists():
-            # Harbor's "bundled tests" verifier: the image built from tests/Dockerfile carries them.
-            report.problems.append(
-                "the verifier image bundles the tests (tests/Dockerfile), which local mode cannot build"
-            )
         self.support_report = report
         if report.problems:
             raise UnsupportedTaskError(report.message())
@@ -180,14 +191,18 @@ class LocalSandboxEnvironment(BaseEnvironment):
 
     @property
     def workdir(self) -> str:
-        if self.task_env_config.workdir:
-            return self.task_env_config.workdir
-        dockerfile = self.environment_dir / "Dockerfile"
-        if dockerfile.is_file():
-            workdir = parse_dockerfile(dockerfile.read_text(errors="replace")).workdir
-            if workdir:
-                return workdir
-        return DEFAULT_WORKDIR
+        build = self.support_report.build
+        return (
+            self.task_env_config.workdir
+            or (build.plan.workdir if build is not None else dockerfile_workdir(self.environment_dir))
+            or DEFAULT_WORKDIR
+        )
+
+    @property
+    def image_env(self) -> dict[str, str]:
+        """The Dockerfile's ENV: the base of every exec's environment."""
+        build = self.support_report.build
+        return dict(build.plan.env) if build is not None else {}
 
     @property
     def sandbox(self) -> Sandbox:
@@ -237,8 +252,9 @@ class LocalSandboxEnvironment(BaseEnvironment):
     # ------------------------------------------------------------------ life cycle
 
     async def start(self, force_build: bool) -> None:
-        # force_build has no meaning here: nothing is built.
+        # force_build has no meaning here: a build's cache entry is keyed by its content.
         opts = self.sandbox_options
+        build = self.support_report.build
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.session_id).strip("._-")[:80] or "sandbox"
         sandbox = Sandbox(
             name=f"{slug}-{secrets.token_hex(4)}",
@@ -250,7 +266,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
             sandbox_uid=opts.sandbox_uid,
             host_dirs=self._host_dirs,
             extra_ro_binds=opts.extra_ro_binds,
-            extra_writable_dirs=opts.extra_writable_dirs,
+            extra_writable_dirs=[*opts.extra_writable_dirs, *(build.writable_dirs if build else ())],
             storage_backend=opts.storage_backend,
             cgroup_parent=opts.cgroup_parent,
             log=self.logger,
@@ -259,14 +275,43 @@ class LocalSandboxEnvironment(BaseEnvironment):
         await sandbox.start()
         try:
             self._require_enforced(sandbox)
+            await self._set_up_files(sandbox)
+        except BaseException:
+            await sandbox.stop(delete=True)
+            raise
+
+    async def _set_up_files(self, sandbox: Sandbox) -> None:
+        build = self.support_report.build
+        if build is None:
+            # No Dockerfile to apply: environment/app/ is the workdir's initial content, or
+            # (prebuilt docker_image) Harbor's own convention of uploading environment/.
             app_dir = self.environment_dir / APP_DIR_NAME
             if app_dir.is_dir():
                 await sandbox.upload_dir(app_dir, self.workdir)
             else:
                 await self._upload_environment_dir_after_start()
-        except BaseException:
-            await sandbox.stop(delete=True)
-            raise
+            return
+        if not build.plan.has_run:
+            await apply_build(sandbox=sandbox, build=build)
+            self.build_source = "applied"
+            return
+        opts = self.sandbox_options
+        cache_dir = Path(opts.build_cache_dir) if opts.build_cache_dir else sandbox.base_dir / BUILD_CACHE_DIR_NAME
+        cache = BuildCache(root=cache_dir, keep=opts.build_cache_entries)
+        key = build.cache_key(layout=sandbox.writable_dirs, host_dirs=[*self._host_dirs, *opts.extra_ro_binds])
+
+        async def build_and_export(target: Path) -> None:
+            await apply_build(sandbox=sandbox, build=build)
+            await sandbox.export_files(target)
+
+        hit = await cache.fetch_or_build(key, restore=sandbox.import_files, build=build_and_export)
+        self.build_source = "cache" if hit else "built"
+        self.logger.info(
+            "local sandbox: %s %s (build %s)",
+            build.plan.file,
+            "restored from the build cache" if hit else "built",
+            key[:12],
+        )
 
     def _require_enforced(self, sandbox: Sandbox) -> None:
         # An explicit "limit"/"guarantee" policy must be enforced or the run refused; "auto"
@@ -297,12 +342,24 @@ class LocalSandboxEnvironment(BaseEnvironment):
         result = await self.sandbox.exec(
             command,
             cwd=cwd or self.workdir,
-            env=self._merge_env(env),
+            env=self._exec_env(env),
             timeout_sec=timeout_sec,
             on_output=self._output_callback(),
         )
         # Like the docker provider: empty streams are None.
         return ExecResult(stdout=result.stdout or None, stderr=result.stderr or None, return_code=result.return_code)
+
+    def _exec_env(self, env: dict[str, str] | None) -> dict[str, str]:
+        # The image's ENV is the lowest layer, as in a container: the task's and the trial's
+        # variables override it.  A PATH the platform built by prefixing the default one (e.g.
+        # Claude Code's directory) is applied on top of the image's PATH instead of hiding it.
+        image = self.image_env
+        merged = self._merge_env(env) or {}
+        result = {**image, **merged}
+        path = merged.get("PATH")
+        if "PATH" in image and path and path != image["PATH"] and path.endswith(SANDBOX_PATH):
+            result["PATH"] = path[: -len(SANDBOX_PATH)] + image["PATH"]
+        return result
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         await self.sandbox.upload_file(source_path, str(target_path))
