@@ -192,3 +192,73 @@ def test_separate_verifier_is_built_from_the_template_tests_dockerfile(tmp_path:
     # The verifier's /tests came from its own build (COPY . /tests/), not from an upload.
     listing = (trial_dir / "verifier" / "tests-listing.txt").read_text().split()
     assert listing == ["Dockerfile", "expected.txt", "test.sh"]  # ls hides .dockerignore; NOTES.md is not there
+
+
+def test_copy_and_add_follow_docker_rules(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    from apps.runs.sandbox.build import apply_build, prepare_build
+    from apps.runs.sandbox.sandbox import DEFAULT_HOST_DIRS, DEFAULT_WRITABLE_DIRS
+    from tests.sandbox.helpers import started_sandbox
+
+    context = tmp_path / "environment"
+    (context / "src" / "pkg").mkdir(parents=True)
+    (context / "src" / "pkg" / "mod.py").write_text("x = 1\n")
+    (context / "src" / "main.py").write_text("print(1)\n")
+    (context / "src" / "link.py").symlink_to("main.py")
+    (context / "src" / "debug.log").write_text("excluded\n")
+    (context / ".dockerignore").write_text("**/*.log\n")
+    (context / "a.txt").write_text("a\n")
+    (context / "b.txt").write_text("b\n")
+    with tarfile.open(context / "bundle.tar.gz", "w:gz") as tar:
+        data = b"from the archive\n"
+        info = tarfile.TarInfo("bundle/inside.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    (context / "Dockerfile").write_text(
+        "FROM ubuntu:24.04\n"
+        "WORKDIR /app\n"
+        "COPY src/ ./\n"  # a directory's contents
+        "COPY a.txt renamed.txt\n"  # a file to a file, relative to WORKDIR
+        "COPY *.txt /data/texts/\n"  # a glob into a directory
+        "COPY --chmod=700 a.txt /data/private\n"
+        "RUN ln -s /etc /app/escape\n"  # a symlink planted by a RUN ...
+        "COPY b.txt /app/escape/\n"  # ... is replaced, never followed on the host
+        "ADD bundle.tar.gz /opt2/\n"  # a local archive is unpacked
+        "COPY bundle.tar.gz /keep/\n"  # COPY never unpacks
+    )
+    build = prepare_build(environment_dir=context, writable_dirs=DEFAULT_WRITABLE_DIRS, host_dirs=DEFAULT_HOST_DIRS)
+    assert build is not None and build.problems == []
+
+    async def main() -> dict[str, str]:
+        async with started_sandbox(workdir="/app", extra_writable_dirs=build.writable_dirs) as sandbox:
+            await apply_build(sandbox=sandbox, build=build)
+            out = {}
+            for name, command in {
+                "app": "cd /app && find . -mindepth 1 | sort | tr '\\n' ' '",
+                "renamed": "cat /app/renamed.txt",
+                "texts": "ls /data/texts | tr '\\n' ' '",
+                "mode": "stat -c %a /data/private",
+                "escape": "readlink /app/escape || echo not-a-link; ls /app/escape",
+                "archive": "cat /opt2/bundle/inside.txt",
+                "kept": "ls /keep",
+                "link": "readlink /app/link.py",
+            }.items():
+                result = await sandbox.exec(command)
+                out[name] = result.stdout.strip()
+            return out
+
+    out = run(main())
+    assert out["app"].split() == [
+        "./escape",
+        "./escape/b.txt",
+        "./link.py",
+        "./main.py",
+        "./pkg",
+        "./pkg/mod.py",
+        "./renamed.txt",
+    ]
+    assert out["renamed"] == "a" and out["texts"].split() == ["a.txt", "b.txt"] and out["mode"] == "700"
+    assert out["escape"] == "not-a-link\nb.txt" and not Path("/etc/b.txt").exists()
+    assert out["archive"] == "from the archive" and out["kept"] == "bundle.tar.gz" and out["link"] == "main.py"
