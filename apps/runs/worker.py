@@ -321,7 +321,7 @@ def _restore_agent_config(*, trial: Trial, task_dir: Path, dest: Path) -> tuple[
     from apps.runs.sandbox.support import task_workdir
 
     prefix = "artifacts/workdir/"
-    workdir = task_workdir(task_dir)
+    workdir = task_workdir(task_dir=task_dir)
     dest.mkdir(parents=True, exist_ok=True)
     for artifact in Artifact.objects.filter(trial_id=trial.source_id).select_related("object"):
         if artifact.name == "launch-plan.json":
@@ -386,7 +386,7 @@ def trial_launch_plan(
     bindings = Bindings(
         task=TaskBinding(
             name=tv.name,
-            workdir=task_workdir(task_dir),  # the sandbox's cwd: task.toml, else the Dockerfile's WORKDIR
+            workdir=task_workdir(task_dir=task_dir),  # the sandbox's cwd: task.toml, else the Dockerfile's WORKDIR
             instruction=instruction if instruction is not None else harbor_task.instruction,
             agent_timeout_sec=tv.agent_timeout_sec,
             id=tv.id,

@@ -262,3 +262,11 @@ def test_copy_and_add_follow_docker_rules(tmp_path: Path) -> None:
     assert out["renamed"] == "a" and out["texts"].split() == ["a.txt", "b.txt"] and out["mode"] == "700"
     assert out["escape"] == "not-a-link\nb.txt" and not Path("/etc/b.txt").exists()
     assert out["archive"] == "from the archive" and out["kept"] == "bundle.tar.gz" and out["link"] == "main.py"
+
+
+def test_a_verifier_image_that_bundles_the_tests_is_refused(tmp_path: Path) -> None:
+    task = make_task(tmp_path)
+    with (task / "task.toml").open("a") as toml:
+        toml.write('\n[verifier.environment]\ndocker_image = "python:3.12-slim"\n')
+    message = check_task_supported(task)
+    assert message is not None and "prebuilt image 'python:3.12-slim' that bundles the tests" in message

@@ -91,7 +91,7 @@ def test_a_syntax_directive_for_another_frontend_is_refused() -> None:
     ],
 )
 def test_substitution(word: str, expected: str) -> None:
-    assert expand_word(word, {"A": "a", "EMPTY": ""}) == expected
+    assert expand_word(word=word, scope={"A": "a", "EMPTY": ""}) == expected
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_substitution(word: str, expected: str) -> None:
 )
 def test_substitution_errors(word: str, message: str) -> None:
     with pytest.raises(SubstitutionError, match=message.replace("(", r"\(")):
-        expand_word(word, {"A": "a"})
+        expand_word(word=word, scope={"A": "a"})
 
 
 def test_arg_and_env_scopes_follow_docker() -> None:

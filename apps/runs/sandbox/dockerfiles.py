@@ -130,7 +130,7 @@ def _step_json(step: Step) -> dict[str, Any]:
 # --------------------------------------------------------------------------- substitution
 
 
-def expand_word(word: str, scope: Mapping[str, str], *, escape: str = "\\") -> str:
+def expand_word(*, word: str, scope: Mapping[str, str], escape: str = "\\") -> str:
     """Docker's word processing: quotes removed, escapes applied, ``$VAR``, ``${VAR}``,
     ``${VAR:-x}``, ``${VAR-x}``, ``${VAR:+x}``, ``${VAR+x}``, ``${VAR:?msg}`` substituted.
 
@@ -257,7 +257,7 @@ def platform_args() -> dict[str, str]:
     return {f"{side}{key}": value for side in ("BUILD", "TARGET") for key, value in values.items()}
 
 
-def parser_directives(text: str) -> dict[str, str]:
+def parser_directives(*, text: str) -> dict[str, str]:
     """The directives at the top of a Dockerfile (``# syntax=...``, ``# escape=...``)."""
     found: dict[str, str] = {}
     for line in text.lstrip("\ufeff").splitlines():
@@ -273,7 +273,7 @@ def dockerfile_plan(
 ) -> DockerfilePlan:
     """Interpret a Dockerfile; what cannot be applied faithfully is in ``plan.refusals``."""
     plan = DockerfilePlan(file=file)
-    directives = parser_directives(text)
+    directives = parser_directives(text=text)
     escape = directives.get("escape", "\\") or "\\"
     syntax = directives.get("syntax")
     if syntax and not _DOCKERFILE_FRONTENDS.match(syntax):
@@ -307,7 +307,7 @@ class _Interpreter:
         return {**args, **self.base_env, **self.plan.env}
 
     def expand(self, word: str) -> str:
-        return expand_word(word, self.scope(), escape=self.escape)
+        return expand_word(word=word, scope=self.scope(), escape=self.escape)
 
     def run(self, commands: Any) -> None:
         for command in commands:

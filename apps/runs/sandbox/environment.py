@@ -11,8 +11,10 @@ or on the command line ``harbor run -e apps.runs.sandbox.environment:LocalSandbo
 --ek model_socket=/run/synth/proxy.sock ...``.  Harbor's absolute paths work unchanged:
 the workdir (``[environment].workdir``, default ``/app``), ``/logs/{agent,verifier,artifacts}``,
 ``/tests`` and ``/solution`` are per-sandbox host directories bound at those paths, and Harbor's
-uploads/downloads are (symlink-safe) host-side copies.  See sandbox.py for the isolation
-model and docs/sandbox.md for the operator's view.
+uploads/downloads are (symlink-safe) host-side copies.  The environment's Dockerfile is
+applied at start (build.py; refused before start when it cannot be applied faithfully), its
+``ENV`` is the base of every exec's environment.  See sandbox.py for the isolation model and
+docs/sandbox.md for the operator's view.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from apps.runs.sandbox.support import (
     DEFAULT_WORKDIR,
     SupportReport,
     UnsupportedTaskError,
+    bundled_image_problem,
     check_environment_supported,
     dockerfile_workdir,
 )
@@ -144,6 +147,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
         self._sandbox: Sandbox | None = None
         self._warned_users: set[str] = set()
         self.support_report = SupportReport()
+        self._dockerfile_workdir: str | None = None
         # How start() set the sandbox up from the Dockerfile: not at all, step by step, by
         # running its build, or from the build cache.
         self.build_source: BuildSource = "none"
@@ -181,7 +185,13 @@ class LocalSandboxEnvironment(BaseEnvironment):
             extra_writable_dirs=self.sandbox_options.extra_writable_dirs,
             label=f"the environment ({self.environment_dir.name}/)",
         )
+        if not self._enable_environment_dir_upload and self.task_env_config.docker_image:
+            report.problems.append(bundled_image_problem(image=self.task_env_config.docker_image))
         self.support_report = report
+        build = report.build
+        self._dockerfile_workdir = (
+            build.plan.workdir if build else dockerfile_workdir(environment_dir=self.environment_dir)
+        )
         if report.problems:
             raise UnsupportedTaskError(report.message())
         for warning in report.warnings:
@@ -191,12 +201,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
 
     @property
     def workdir(self) -> str:
-        build = self.support_report.build
-        return (
-            self.task_env_config.workdir
-            or (build.plan.workdir if build is not None else dockerfile_workdir(self.environment_dir))
-            or DEFAULT_WORKDIR
-        )
+        return self.task_env_config.workdir or self._dockerfile_workdir or DEFAULT_WORKDIR
 
     @property
     def image_env(self) -> dict[str, str]:

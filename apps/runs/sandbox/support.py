@@ -98,7 +98,14 @@ def image_allowed(image: str, allowed: Sequence[str] = DEFAULT_ALLOWED_IMAGES) -
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in allowed)
 
 
-def dockerfile_workdir(environment_dir: Path) -> str | None:
+def bundled_image_problem(*, image: str) -> str:
+    return (
+        f"the verifier runs in the prebuilt image {image!r} that bundles the tests ([verifier.environment]"
+        ".docker_image); local mode cannot provide that image's /tests"
+    )
+
+
+def dockerfile_workdir(*, environment_dir: Path) -> str | None:
     """The last WORKDIR of environment_dir/Dockerfile, if it has one."""
     dockerfile = environment_dir / DOCKERFILE_NAME
     if not dockerfile.is_file():
@@ -106,11 +113,15 @@ def dockerfile_workdir(environment_dir: Path) -> str | None:
     return dockerfile_plan(text=dockerfile.read_text(errors="replace")).workdir
 
 
-def task_workdir(task_dir: Path) -> str:
+def task_workdir(*, task_dir: Path) -> str:
     """The task's working directory: ``[environment].workdir``, else the Dockerfile's WORKDIR,
     else /app (what LocalSandboxEnvironment uses as the default cwd)."""
     config = TaskConfig.model_validate_toml((Path(task_dir) / "task.toml").read_text())
-    return config.environment.workdir or dockerfile_workdir(Path(task_dir) / "environment") or DEFAULT_WORKDIR
+    return (
+        config.environment.workdir
+        or dockerfile_workdir(environment_dir=Path(task_dir) / "environment")
+        or DEFAULT_WORKDIR
+    )
 
 
 def _check_resources(report: SupportReport, env: EnvironmentConfig, *, label: str, host_dirs: Sequence[str]) -> None:
@@ -221,7 +232,9 @@ def describe_task_support(
     # built like any other from its own definition (e.g. tests/Dockerfile, tests bundled).
     if task_dir is not None:
         definition = resolve_verifier_environment_definition(config, TaskPaths(task_dir), validate_inputs=False)
-        if definition is not None:
+        if definition is not None and definition.bundled_tests and definition.config.docker_image:
+            report.problems.append(bundled_image_problem(image=definition.config.docker_image))
+        elif definition is not None:
             _check_environment(
                 report, definition.config, definition.directory, label="the verifier environment", **options
             )
