@@ -73,6 +73,24 @@ def test_a_failed_build_leaves_nothing_and_the_next_one_builds(tmp_path: Path) -
     assert sorted(p.name for p in (tmp_path / "cache").iterdir() if p.is_dir()) == [key(1)]
 
 
+def test_lock_files_of_failed_builds_are_cleaned(tmp_path: Path) -> None:
+    cache = BuildCache(root=tmp_path / "cache")
+    rec = Recorder()
+
+    async def failing(target: Path) -> None:
+        raise RuntimeError("RUN failed")
+
+    async def main() -> None:
+        try:
+            await cache.fetch_or_build(key(1), restore=rec.restore, build=failing)
+        except RuntimeError:
+            pass
+        await cache.fetch_or_build(key(2), restore=rec.restore, build=rec.build_for("2"))
+
+    run(main())
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [key(2), f"{key(2)}.lock"]
+
+
 def test_entries_are_bounded_least_recently_used_first_and_never_in_use(tmp_path: Path) -> None:
     cache = BuildCache(root=tmp_path / "cache", keep=2)
     rec = Recorder()

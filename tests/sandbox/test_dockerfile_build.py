@@ -16,6 +16,7 @@ from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfi
 from harbor.trial.trial import Trial
 
 from apps.runs.sandbox import ENVIRONMENT_IMPORT_PATH
+from apps.runs.sandbox.sandbox import SANDBOX_PATH
 from apps.runs.sandbox.support import check_task_supported
 from tests.sandbox.helpers import BASE_DIR, requires_sandbox, run
 
@@ -89,19 +90,23 @@ def roots() -> dict[str, Path]:
     return {"sandbox_root": base / "sandboxes", "build_cache_dir": base / "cache"}
 
 
-def trial_config(task: Path, trials: Path, roots: dict[str, Path], agent: str = "oracle") -> TrialConfig:
+def trial_config(task: Path, trials: Path, roots: dict[str, Path], env: dict[str, str] | None = None) -> TrialConfig:
     return TrialConfig(
         task=TaskConfig(path=task),
         trials_dir=trials,
-        agent=AgentConfig(name=agent),
+        agent=AgentConfig(name="oracle"),
         environment=EnvironmentConfig(
-            import_path=ENVIRONMENT_IMPORT_PATH, kwargs={key: str(value) for key, value in roots.items()}
+            import_path=ENVIRONMENT_IMPORT_PATH,
+            kwargs={key: str(value) for key, value in roots.items()},
+            env=env or {},
         ),
     )
 
 
-async def _trial(task: Path, trials: Path, roots: dict[str, Path]) -> tuple[object, str, Path]:
-    trial = await Trial.create(trial_config(task, trials, roots))
+async def _trial(
+    task: Path, trials: Path, roots: dict[str, Path], env: dict[str, str] | None = None
+) -> tuple[object, str, Path]:
+    trial = await Trial.create(trial_config(task, trials, roots, env))
     result = await trial.run()
     return result, trial.agent_environment.build_source, trials / result.trial_name  # type: ignore[attr-defined]
 
@@ -134,16 +139,24 @@ def test_dockerfile_is_applied_and_its_run_built_once(tmp_path: Path, roots: dic
 
 
 def test_a_dockerfile_without_run_is_applied_step_by_step(tmp_path: Path, roots: dict[str, Path]) -> None:
-    task = make_task(tmp_path, dockerfile=DOCKERFILE.split("RUN ")[0])
-    (task / "solution" / "solve.sh").write_text('#!/bin/bash\necho "$GREETING $(cat input/a.txt)" > answer.txt\n')
+    dockerfile = DOCKERFILE.split("RUN ")[0] + "ENV PATH=/srv/tool/bin:$PATH LEVEL=image\n"
+    task = make_task(tmp_path, dockerfile=dockerfile)
+    (task / "solution" / "solve.sh").write_text(
+        '#!/bin/bash\necho "$GREETING $(cat input/a.txt)" > answer.txt\necho "$PATH $LEVEL" > /logs/agent/env.txt\n'
+    )
     (task / "tests" / "test.sh").write_text(
         '#!/bin/bash\n[ "$(cat /srv/work/answer.txt)" = "hello world A" ] && echo 1 > /logs/verifier/reward.txt'
         " || echo 0 > /logs/verifier/reward.txt\n"
     )
-    result, source, _ = run(_trial(task, tmp_path / "trials", roots))
+    # The trial's variables override the image's ENV, as in a container; a PATH the platform
+    # made by prefixing the default one (Claude Code's directory) prefixes the image's PATH.
+    trial_env = {"PATH": f"/synth/bin:{SANDBOX_PATH}", "LEVEL": "trial"}
+    result, source, trial_dir = run(_trial(task, tmp_path / "trials", roots, trial_env))
     assert result.exception_info is None, result.exception_info  # type: ignore[attr-defined]
     assert result.verifier_result.rewards == {"reward": 1.0}  # type: ignore[attr-defined]
     assert source == "applied" and not roots["build_cache_dir"].exists()
+    path, level = (trial_dir / "agent" / "env.txt").read_text().split()
+    assert path == f"/synth/bin:/srv/tool/bin:{SANDBOX_PATH}" and level == "trial"
 
 
 def test_a_failing_run_ends_the_trial_as_an_environment_error(tmp_path: Path, roots: dict[str, Path]) -> None:

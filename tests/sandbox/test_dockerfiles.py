@@ -284,3 +284,16 @@ def test_no_dockerfile_no_build(tmp_path: Path) -> None:
         prepare_build(environment_dir=tmp_path, writable_dirs=DEFAULT_WRITABLE_DIRS, host_dirs=DEFAULT_HOST_DIRS)
         is None
     )
+
+
+def test_a_file_cannot_be_created_at_the_top_level(context_dir: Path) -> None:
+    (context_dir / "Dockerfile").write_text(
+        "FROM ubuntu\nCOPY a.txt /config\nCOPY a.txt /tmp\nCOPY src /code\nWORKDIR /srv\nCOPY a.txt /srv\n"
+    )
+    build = prepare_build(environment_dir=context_dir, writable_dirs=DEFAULT_WRITABLE_DIRS, host_dirs=DEFAULT_HOST_DIRS)
+    assert build is not None
+    # /tmp and /srv are directories (as in the image), and a directory's contents can go to /code.
+    assert build.problems == [
+        "environment/Dockerfile line 2 (COPY a.txt /config): cannot create the file /config at the top level "
+        "(the sandbox's root is read-only); copy it into a directory, e.g. /config/ or /app/"
+    ]

@@ -292,17 +292,46 @@ def prepare_build(
     plan = dockerfile_plan(text=dockerfile.read_text(errors="replace"), file=label, base_env={"PATH": SANDBOX_PATH})
     build = EnvironmentBuild(plan=plan, context=BuildContext(environment_dir), problems=list(plan.refusals))
     writable = list(writable_dirs)
+    workdirs: list[str] = []  # directories that exist once the WORKDIRs so far are made
     for step in plan.steps:
         if isinstance(step, CopyStep):
-            for source in step.sources:
-                try:
-                    build.context.resolve(source)
-                except BuildContextError as exc:
-                    build.problems.append(f"{step.at.describe(label)}: {exc}")
-            _require_writable(build, step.dest, step=step, writable=writable, host_dirs=host_dirs)
-        elif isinstance(step, WorkdirStep) and not _host_dir_exists(step.path, host_dirs):
-            _require_writable(build, step.path, step=step, writable=writable, host_dirs=host_dirs)
+            _check_copy(build, step, writable=writable, workdirs=workdirs, host_dirs=host_dirs)
+        elif isinstance(step, WorkdirStep):
+            if not _host_dir_exists(step.path, host_dirs):
+                _require_writable(build, step.path, step=step, writable=writable, host_dirs=host_dirs)
+            workdirs.append(step.path)
     return build
+
+
+def _check_copy(
+    build: EnvironmentBuild, step: CopyStep, *, writable: list[str], workdirs: list[str], host_dirs: Sequence[str]
+) -> None:
+    items: list[str] = []
+    for source in step.sources:
+        try:
+            items += build.context.resolve(source)
+        except BuildContextError as exc:
+            build.problems.append(f"{step.at.describe(build.plan.file)}: {exc}")
+    top_level = posixpath.dirname(step.dest) == "/"
+    exists = _inside(step.dest, writable) or step.dest in workdirs
+    if top_level and not step.dest_is_dir and not exists and _one_plain_file(build, step, items):
+        # Docker would create the file /name; here every top-level path is a directory.
+        build.problems.append(
+            f"{step.at.describe(build.plan.file)}: cannot create the file {step.dest} at the top level (the "
+            f"sandbox's root is read-only); copy it into a directory, e.g. {step.dest}/ or /app/"
+        )
+        return
+    _require_writable(build, step.dest, step=step, writable=writable, host_dirs=host_dirs)
+
+
+def _one_plain_file(build: EnvironmentBuild, step: CopyStep, items: list[str]) -> bool:
+    if len(items) != 1:
+        return False
+    try:
+        target, kind = build.context.followed(items[0])
+    except BuildContextError:
+        return False
+    return kind == "file" and not (step.add and tarfile.is_tarfile(build.context.root / target))
 
 
 def _host_dir_exists(path: str, host_dirs: Sequence[str]) -> bool:

@@ -12,7 +12,8 @@ ever unlinked by its exclusive holder, and a waiter that wins a lock checks that
 still the one at that path (otherwise it starts over), so a pruned key can never be held twice.
 Entries are written to a temporary name and renamed into place, so a crashed builder leaves
 no half entry.  At most ``keep`` entries are kept (least recently used go first, never one in
-use); temporary leftovers of dead builders are removed by the same pass.
+use); temporary leftovers of dead builders, and lock files of failed builds, are removed by
+the same pass.
 """
 
 from __future__ import annotations
@@ -105,9 +106,11 @@ class BuildCache:
             reverse=True,
         )
         removed = [p.name for p in entries[self.keep :] if self._remove_if_idle(p.name, entry=True)]
-        for tmp in self.root.glob(".*.tmp-*"):
-            key = tmp.name[1:].split(".tmp-", 1)[0]
-            if _KEY.match(key):
+        # Leftovers of builders that died, and lock files of builds that failed.
+        orphans = {tmp.name[1:].split(".tmp-", 1)[0] for tmp in self.root.glob(".*.tmp-*")}
+        orphans |= {lock.name.removesuffix(".lock") for lock in self.root.glob("*.lock")}
+        for key in sorted(orphans):
+            if _KEY.match(key) and not self.has(key):
                 self._remove_if_idle(key, entry=False)
         return removed
 
@@ -123,7 +126,7 @@ class BuildCache:
                 shutil.rmtree(self.entry(key), ignore_errors=True)
             for tmp in self.root.glob(f".{key}.tmp-*"):
                 shutil.rmtree(tmp, ignore_errors=True)
-            if entry:
+            if not self.has(key):
                 path.unlink(missing_ok=True)
             return True
         finally:
