@@ -16,6 +16,7 @@ graded) naming the instruction and the end of its output.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import posixpath
 import re
@@ -381,31 +382,39 @@ async def _apply_run(*, sandbox: Sandbox, build: EnvironmentBuild, step: RunStep
 
 
 async def _apply_copy(*, sandbox: Sandbox, build: EnvironmentBuild, step: CopyStep) -> None:
-    context = build.context
-    items = [rel for source in step.sources for rel in context.resolve(source)]
+    items = [rel for source in step.sources for rel in build.context.resolve(source)]
     into_dir = step.dest_is_dir or len(items) > 1 or await sandbox.is_dir(step.dest)
     with tempfile.TemporaryDirectory(prefix="synth-copy-") as tmp:
         staging = Path(tmp) / "stage"
-        staging.mkdir()
-        single: Path | None = None
-        for rel in items:
-            target, kind = context.followed(rel)
-            path = context.root / target
-            if kind == "dir":
-                _stage_dir(context, target, staging)
-            elif step.add and tarfile.is_tarfile(path):
-                _extract(path, staging, step=step, file=build.plan.file)
-            elif into_dir:
-                shutil.copy2(path, staging / posixpath.basename(rel))
-            else:
-                single = staging / "file"
-                shutil.copy2(path, single)
-        if step.chmod is not None:
-            _chmod_tree(staging, step.chmod)
+        single = await asyncio.to_thread(_stage_copy, build, step, items, into_dir=into_dir, staging=staging)
         if single is not None:
             await sandbox.upload_file(single, step.dest)
         else:
             await sandbox.upload_dir(staging, step.dest)
+
+
+def _stage_copy(
+    build: EnvironmentBuild, step: CopyStep, items: list[str], *, into_dir: bool, staging: Path
+) -> Path | None:
+    """Lay out what the step copies in a host directory; the file, when it copies one file to a file."""
+    context = build.context
+    staging.mkdir()
+    single: Path | None = None
+    for rel in items:
+        target, kind = context.followed(rel)
+        path = context.root / target
+        if kind == "dir":
+            _stage_dir(context, target, staging)
+        elif step.add and tarfile.is_tarfile(path):
+            _extract(path, staging, step=step, file=build.plan.file)
+        elif into_dir:
+            shutil.copy2(path, staging / posixpath.basename(rel))
+        else:
+            single = staging / "file"
+            shutil.copy2(path, single)
+    if step.chmod is not None:
+        _chmod_tree(staging, step.chmod)
+    return single
 
 
 def _stage_dir(context: BuildContext, rel: str, staging: Path) -> None:

@@ -19,6 +19,7 @@ docs/sandbox.md for the operator's view.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import re
@@ -303,7 +304,10 @@ class LocalSandboxEnvironment(BaseEnvironment):
         opts = self.sandbox_options
         cache_dir = Path(opts.build_cache_dir) if opts.build_cache_dir else sandbox.base_dir / BUILD_CACHE_DIR_NAME
         cache = BuildCache(root=cache_dir, keep=opts.build_cache_entries)
-        key = build.cache_key(layout=sandbox.writable_dirs, host_dirs=[*self._host_dirs, *opts.extra_ro_binds])
+        # Hashing the build context reads every file of it: not on the event loop.
+        key = await asyncio.to_thread(
+            build.cache_key, layout=sandbox.writable_dirs, host_dirs=[*self._host_dirs, *opts.extra_ro_binds]
+        )
 
         async def build_and_export(target: Path) -> None:
             await apply_build(sandbox=sandbox, build=build)
