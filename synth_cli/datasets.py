@@ -66,6 +66,24 @@ def _render(ui: Ui, body: dict[str, Any]) -> None:
         ui.note("(more tasks: see `synth dataset show`)")
 
 
+def _warn_local_sandbox(ui: Ui, body: dict[str, Any]) -> None:
+    """Tasks the local sandbox cannot run: imported (other environments may run them), but
+    a run in the local sandbox over this dataset will be refused."""
+    verdict = body.get("local_sandbox") or {}
+    count = int(verdict.get("unsupported_count") or 0)
+    if not count:
+        return
+    lines = [
+        f"the local sandbox cannot run {count} task(s) of {body.get('reference')}; runs there will be refused "
+        "(other environments, e.g. plan.environment docker, may run them):"
+    ]
+    for task in verdict.get("unsupported") or []:
+        lines.append(f"  {task.get('name')}: {'; '.join(task.get('problems') or [])}")
+    if count > len(verdict.get("unsupported") or []):
+        lines.append(f"  ... and {count - len(verdict.get('unsupported') or [])} more")
+    ui.warn("\n".join(lines))
+
+
 @dataset_app.command("push")
 def push_command(
     source: Annotated[
@@ -88,7 +106,11 @@ def push_command(
 
     --json prints the server's dataset version object: {"id", "reference", "name", "version",
     "digest", "task_count", "created_at", "tasks": [{"position", "task_version_id", "name",
-    "digest"}], "next"} (first page of tasks).
+    "digest"}], "next", "local_sandbox": {"unsupported_count", "unsupported": [{..., "problems"}]}}
+    (first page of tasks).
+
+    Tasks the local sandbox cannot run (a Dockerfile instruction it cannot apply, a GPU, ...)
+    are imported all the same, with a warning on stderr that names each one and why.
     """
     ui = Ui(json_mode=json_output)
     org, dataset_name = dataset_name_parse(name)
@@ -117,10 +139,11 @@ def push_command(
         raise CliError(f"the server imported {reference}, not under organization {org}: check your token")
     if json_output:
         ui.emit_json(body)
-        return
-    created = response.status_code == 201
-    ui.note(f"{'imported' if created else 'already imported (identical content)'}: {reference}")
-    _render(ui, body)
+    else:
+        created = response.status_code == 201
+        ui.note(f"{'imported' if created else 'already imported (identical content)'}: {reference}")
+        _render(ui, body)
+    _warn_local_sandbox(ui, body)
 
 
 @dataset_app.command("show")

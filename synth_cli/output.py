@@ -49,6 +49,11 @@ class Ui:
         if not self.json_mode:
             typer.echo(text, err=True)
 
+    def warn(self, text: str) -> None:
+        """Something the user should know although the command succeeded: on stderr, also
+        with --json (whose stdout stays the result alone)."""
+        typer.echo(f"warning: {text}", err=True)
+
     def progress(self, text: str) -> None:
         """A step on the way, on a terminal only: a failure that follows stays one line."""
         if not self.json_mode and sys.stderr.isatty():

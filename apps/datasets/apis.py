@@ -22,6 +22,7 @@ from apps.datasets.models import DatasetVersion, TaskVersion
 
 TASKS_PAGE_SIZE = 50
 TASKS_MAX_PAGE_SIZE = 500
+LOCAL_UNSUPPORTED_LISTED = 100
 
 
 def _org(request: Request) -> Organization:
@@ -64,12 +65,50 @@ class DatasetVersionTaskSerializer(serializers.Serializer):
     digest = serializers.CharField()
 
 
+@extend_schema_serializer(component_name="LocalSandboxUnsupportedTask")
+class LocalUnsupportedTaskSerializer(DatasetVersionTaskSerializer):
+    problems = serializers.ListField(child=serializers.CharField(), help_text="why, naming the instruction")
+
+
+@extend_schema_serializer(component_name="LocalSandboxVerdict")
+class LocalSandboxSerializer(serializers.Serializer):
+    unsupported_count = serializers.IntegerField()
+    unsupported = LocalUnsupportedTaskSerializer(
+        many=True, help_text=f"the first {LOCAL_UNSUPPORTED_LISTED} tasks the local sandbox cannot run"
+    )
+
+
 @extend_schema_serializer(component_name="DatasetVersion")
 class DatasetVersionDetailSerializer(DatasetVersionSummarySerializer):
     """Documents dataset_version_body (built by hand: it carries a page of tasks)."""
 
     tasks = DatasetVersionTaskSerializer(many=True)
     next = serializers.URLField(allow_null=True, help_text="the next page of tasks, or null")
+    local_sandbox = LocalSandboxSerializer(
+        help_text="tasks the local sandbox cannot run (runs there are refused; other environments may run them)"
+    )
+
+
+def local_sandbox_body(dataset_version: DatasetVersion) -> dict[str, Any]:
+    entries = selectors.dataset_version_local_unsupported(
+        dataset_version=dataset_version, limit=LOCAL_UNSUPPORTED_LISTED + 1
+    )
+    count = len(entries)
+    if count > LOCAL_UNSUPPORTED_LISTED:
+        count = selectors.dataset_version_local_unsupported_count(dataset_version=dataset_version)
+    return {
+        "unsupported_count": count,
+        "unsupported": [
+            {
+                "position": entry.position,
+                "task_version_id": entry.task_version_id,
+                "name": entry.task_version.name,
+                "digest": entry.task_version.digest,
+                "problems": entry.task_version.local_problems,
+            }
+            for entry in entries[:LOCAL_UNSUPPORTED_LISTED]
+        ],
+    }
 
 
 def dataset_version_body(request: Request, dataset_version: DatasetVersion) -> dict[str, Any]:
@@ -93,6 +132,7 @@ def dataset_version_body(request: Request, dataset_version: DatasetVersion) -> d
         for entry in page
     ]
     body["next"] = next_url
+    body["local_sandbox"] = local_sandbox_body(dataset_version)
     return body
 
 
@@ -164,6 +204,11 @@ class TaskVersionDetailApi(APIView):
         resources = serializers.SerializerMethodField()
         timeouts = serializers.SerializerMethodField()
         environment = serializers.SerializerMethodField()
+        local_sandbox = serializers.JSONField(
+            source="local_support",
+            allow_null=True,
+            help_text="{supported, problems, warnings} of the local sandbox, as judged at import (null: not judged)",
+        )
         archive = serializers.SerializerMethodField()
 
         def get_resources(self, tv: TaskVersion) -> dict[str, Any]:

@@ -82,6 +82,9 @@ class ParsedTask:
     archive: bytes
     digest: str  # sha256 of `archive`
     files: tuple[str, ...] = field(default=())
+    # The local sandbox's verdict (apps.runs.sandbox.support): a task it cannot run is still
+    # imported (other environments may run it), and runs in the local sandbox refuse it early.
+    local_support: dict[str, Any] = field(default_factory=dict)
 
     @property
     def agent_timeout_sec(self) -> float | None:
@@ -406,6 +409,8 @@ def task_dir_parse(
     from harbor.models.task.paths import TaskPaths
     from harbor.models.task.task import Task
 
+    from apps.runs.sandbox.support import describe_task_support
+
     task_dir = Path(task_dir)
     label = label or task_dir.name
     if not task_dir.is_dir():
@@ -460,6 +465,7 @@ def task_dir_parse(
         archive=archive,
         digest=sha256_hex(archive),
         files=tuple(e.path for e in entries if e.kind == "file"),
+        local_support=describe_task_support(task_dir).as_json(),
     )
 
 

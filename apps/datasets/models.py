@@ -24,10 +24,22 @@ class TaskVersion(models.Model):
     docker_image = models.CharField(max_length=300, blank=True)
     has_dockerfile = models.BooleanField(default=False)
     has_solution = models.BooleanField(default=False)
+    # Null for versions imported before the check existed (admission then lets them through;
+    # the sandbox still refuses them when a trial starts).
+    local_support = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="the local sandbox's verdict at import: {version, supported, problems, warnings}",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["org", "digest"], name="taskversion_unique_org_digest")]
+
+    @property
+    def local_problems(self) -> list[str]:
+        """Why the local sandbox cannot run this task ([] if it can, or if never checked)."""
+        return list((self.local_support or {}).get("problems") or [])
 
     def __str__(self) -> str:
         return f"{self.name} ({self.digest[:12]})"

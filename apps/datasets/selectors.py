@@ -33,6 +33,24 @@ def dataset_version_task_versions(*, dataset_version: DatasetVersion) -> list[Ta
     return [entry.task_version for entry in dataset_version_entries(dataset_version=dataset_version)]
 
 
+def _local_unsupported(*, dataset_version: DatasetVersion) -> QuerySet[DatasetVersionTask]:
+    return DatasetVersionTask.objects.filter(
+        dataset_version=dataset_version, task_version__local_support__supported=False
+    )
+
+
+def dataset_version_local_unsupported(
+    *, dataset_version: DatasetVersion, limit: int | None = None
+) -> list[DatasetVersionTask]:
+    """Entries whose task the local sandbox cannot run (verdict stored at import), in order."""
+    qs = _local_unsupported(dataset_version=dataset_version).select_related("task_version").order_by("position")
+    return list(qs[:limit] if limit is not None else qs)
+
+
+def dataset_version_local_unsupported_count(*, dataset_version: DatasetVersion) -> int:
+    return _local_unsupported(dataset_version=dataset_version).count()
+
+
 def task_version_get(*, org: Organization, task_version_id: str) -> TaskVersion | None:
     return TaskVersion.objects.filter(org=org, id=task_version_id).select_related("archive").first()
 

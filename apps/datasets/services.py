@@ -9,6 +9,7 @@ no row references.
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import tempfile
 from pathlib import Path
@@ -23,7 +24,7 @@ from apps.core.errors import Conflict, NotFound, ServiceError, ValidationFailed
 from apps.datasets import harbor_tasks
 from apps.datasets.harbor_tasks import ParsedTask, TaskFormatError
 from apps.datasets.models import Dataset, DatasetVersion, DatasetVersionTask, TaskVersion
-from apps.datasets.selectors import dataset_version_get
+from apps.datasets.selectors import dataset_version_get, dataset_version_local_unsupported
 from apps.objects.services import object_put
 
 DATASET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -115,6 +116,7 @@ def _task_version_store(*, org: Organization, parsed: ParsedTask) -> TaskVersion
             "docker_image": parsed.docker_image,
             "has_dockerfile": parsed.has_dockerfile,
             "has_solution": parsed.has_solution,
+            "local_support": parsed.local_support,
         },
     )
     return task_version
@@ -325,6 +327,27 @@ def dataset_version_resolve(*, org: Organization, reference: str) -> DatasetVers
     if dataset_version is None:
         raise NotFound(f"dataset {reference} not found", field="dataset")
     return dataset_version
+
+
+def dataset_version_local_check(*, dataset_version: DatasetVersion, task_names: list[str] | None = None) -> None:
+    """Refuse a run in the local sandbox over a dataset version holding a task it cannot run
+    (the verdicts stored at import); with ``task_names`` (the plan's fnmatch patterns) only
+    the tasks the run selects count."""
+    unsupported = [
+        entry
+        for entry in dataset_version_local_unsupported(dataset_version=dataset_version)
+        if not task_names or any(fnmatch.fnmatchcase(entry.task_version.name, p) for p in task_names)
+    ]
+    if not unsupported:
+        return
+    first = unsupported[0].task_version
+    more = f" (and {len(unsupported) - 1} more task(s) of the dataset)" if len(unsupported) > 1 else ""
+    raise ValidationFailed(
+        f"task {first.name!r} of {dataset_version.reference} cannot run in the local sandbox: "
+        f"{'; '.join(first.local_problems)}{more}. Choose another environment (plan.environment: docker, "
+        "daytona, modal, ...) or leave the task out (plan.task_names)",
+        field="dataset",
+    )
 
 
 def task_version_materialize(*, task_version: TaskVersion, dest: Path | str) -> Path:

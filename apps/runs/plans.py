@@ -216,3 +216,14 @@ def plan_normalize(*, kind: str, plan: Any) -> dict[str, Any]:
     normalized = copy.deepcopy(plan)
     _fill_defaults(PLAN_SCHEMAS[kind], normalized)
     return normalized
+
+
+def plan_uses_local_sandbox(*, plan: dict[str, Any]) -> bool:
+    """Whether a normalized plan's trials run in the local sandbox (its environment is absent,
+    "local" with the local sandbox as the deployment's default, or the sandbox's import path)."""
+    from django.conf import settings
+
+    from apps.runs.sandbox import ENVIRONMENT_IMPORT_PATH
+
+    name = plan.get("environment") or "local"
+    return (settings.SYNTH_DEFAULT_ENVIRONMENT if name == "local" else name) == ENVIRONMENT_IMPORT_PATH

@@ -21,7 +21,7 @@ from django.utils import timezone
 from apps.accounts.models import Organization, WorkerIdentity
 from apps.core.canonical import canonical_digest
 from apps.core.errors import Conflict, NotFound, StaleLease, ValidationFailed
-from apps.datasets.services import dataset_version_resolve
+from apps.datasets.services import dataset_version_local_check, dataset_version_resolve
 from apps.profiles.models import ProfileVersion
 from apps.profiles.selectors import profile_version_get, profile_version_recipe
 from apps.runs.bindings import model_binding_resolve
@@ -37,7 +37,7 @@ from apps.runs.models import (
     RunSpec,
     RunStatus,
 )
-from apps.runs.plans import plan_normalize
+from apps.runs.plans import plan_normalize, plan_uses_local_sandbox
 
 logger = logging.getLogger(__name__)
 
@@ -234,6 +234,8 @@ def run_submit(
         return existing, False
 
     dataset_version = dataset_version_resolve(org=org, reference=request["dataset"])
+    if plan_uses_local_sandbox(plan=request["plan"]):
+        dataset_version_local_check(dataset_version=dataset_version, task_names=request["plan"].get("task_names"))
     actor = _resolve_profile(org=org, ref=ProfileRef(**request["actor"]), field="actor")
     judge = _resolve_profile(org=org, ref=ProfileRef(**request["judge"]), field="judge") if request["judge"] else None
     if request["kind"] == RunKind.REGRADE:

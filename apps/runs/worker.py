@@ -320,13 +320,13 @@ def _restore_agent_config(*, trial: Trial, task_dir: Path, dest: Path) -> tuple[
     source's launch plan had it (AgentConfig, that workdir)."""
     import json
 
-    from harbor.models.task.task import Task as HarborTask
     from harbor.models.trial.config import AgentConfig
 
     from apps.objects.services import object_read
+    from apps.runs.sandbox.support import task_workdir
 
     prefix = "artifacts/workdir/"
-    workdir = HarborTask(task_dir).config.environment.workdir or "/app"
+    workdir = task_workdir(task_dir=task_dir)
     dest.mkdir(parents=True, exist_ok=True)
     for artifact in Artifact.objects.filter(trial_id=trial.source_id).select_related("object"):
         if artifact.name == "launch-plan.json":
@@ -382,6 +382,7 @@ def trial_launch_plan(
         TaskBinding,
         launch_plan_build,
     )
+    from apps.runs.sandbox.support import task_workdir
 
     if recipe is None:
         recipe = _actor_recipe(trial=trial)
@@ -390,7 +391,7 @@ def trial_launch_plan(
     bindings = Bindings(
         task=TaskBinding(
             name=tv.name,
-            workdir=harbor_task.config.environment.workdir or "/app",
+            workdir=task_workdir(task_dir=task_dir),  # the sandbox's cwd: task.toml, else the Dockerfile's WORKDIR
             instruction=instruction if instruction is not None else harbor_task.instruction,
             agent_timeout_sec=tv.agent_timeout_sec,
             id=tv.id,

@@ -104,3 +104,27 @@ def test_packing_is_deterministic_and_skips_caches(tmp_path):
         assert names == sorted(names)
         assert {m.mtime for m in tar.getmembers()} == {0}
         assert tar.getmember("hello/tests/test.sh").mode == 0o755
+
+
+def test_push_warns_about_tasks_the_local_sandbox_cannot_run(synth, tmp_path):
+    root = tmp_path / "tasks"
+    make_task(root, "fine")
+    odd = make_task(root, "odd")
+    (odd / "environment" / "Dockerfile").write_text('FROM ubuntu:24.04\nWORKDIR /app\nSHELL ["/bin/bash", "-c"]\n')
+
+    result = synth("dataset", "push", str(root), "--name", "team/mixed", "--version", "1")
+    assert result.exit_code == 0, result.stderr  # imported: other environments may run it
+    assert "imported: team/mixed@1" in result.stderr
+    warning = result.stderr[result.stderr.index("warning: ") :]
+    assert warning.startswith("warning: the local sandbox cannot run 1 task(s) of team/mixed@1")
+    assert (
+        '  odd: environment/Dockerfile line 3 (SHELL ["/bin/bash", "-c"]): not applied by the local sandbox' in warning
+    )
+    assert "fine:" not in warning
+
+    # With --json the object says it too, and the warning still goes to stderr.
+    again = synth("dataset", "push", str(root), "--name", "team/mixed", "--version", "1", "--json")
+    assert again.exit_code == 0 and "warning: the local sandbox cannot run 1 task(s)" in again.stderr
+    body = json.loads(again.stdout)
+    assert body["local_sandbox"]["unsupported_count"] == 1
+    assert body["local_sandbox"]["unsupported"][0]["name"] == "odd"

@@ -48,7 +48,7 @@ def make_task(root: Path, *, extra: str = "", agent_timeout: float = 60.0, solve
     (task / "task.toml").write_text(TASK_TOML.format(extra=extra, agent_timeout=agent_timeout))
     (task / "instruction.md").write_text("Write the greeting from /app/greeting.txt into /app/hello.txt.\n")
     (task / "environment" / "Dockerfile").write_text("FROM python:3.12-slim\nWORKDIR /app\nCOPY app/ /app/\n")
-    # Initial workdir contents: environment/app/ is copied into the workdir at start.
+    # Initial workdir contents: the Dockerfile's COPY app/ /app/ is applied at start.
     (task / "environment" / "app" / "greeting.txt").write_text("Hello, world!\n")
     (task / "tests" / "test.sh").write_text(
         "#!/bin/bash\n"
@@ -135,6 +135,7 @@ def test_harbor_agent_timeout_kills_the_agent(tmp_path: Path) -> None:
         ('os = "windows"', {"tests/test.bat": "echo 1 > C:/logs/verifier/reward.txt\n"}, "Windows"),
         ("", {"environment/docker-compose.yaml": "services:\n  main:\n    build: .\n"}, "docker-compose.yaml"),
         ("", {"environment/Dockerfile": "FROM node:20\nRUN npm i -g x\n"}, "node:20"),
+        ("", {"environment/Dockerfile": "FROM ubuntu:24.04\nUSER app\n"}, "line 2 (USER app)"),
         ('network_mode = "allowlist"\nallowed_hosts = ["pypi.org"]', {}, "allowlist"),
     ],
 )
@@ -161,9 +162,11 @@ def test_unsupported_tasks_are_rejected_before_start(
 def test_supported_task_and_warnings(tmp_path: Path) -> None:
     task = make_task(tmp_path, extra='docker_image = "python:3.12-slim"')
     assert check_task_supported(task) is None
-    (task / "environment" / "Dockerfile").write_text("FROM python:3.12-slim\nRUN pip install numpy\n")
+    # As with Docker, a prebuilt docker_image is used as it is: its Dockerfile is not applied
+    # (so not refused either), and the report says so.
+    (task / "environment" / "Dockerfile").write_text("FROM python:3.12-slim\nUSER app\n")
     report = describe_task_support(task)
-    assert report.supported and any("RUN" in w for w in report.warnings)
+    assert report.supported and any("Dockerfile is not applied" in w for w in report.warnings)
     # A parsed task.toml alone can be checked too (no file checks).
     config = TaskToml.model_validate_toml((task / "task.toml").read_text().replace("cpus = 1", "cpus = 1\ngpus = 2"))
     assert "2 GPU(s)" in (check_task_supported(config) or "")

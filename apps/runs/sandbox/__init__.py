@@ -6,6 +6,8 @@ Pure library code (no Django models): usable from a worker and from a CLI.
 * ``LocalSandboxEnvironment`` (environment.py): the Harbor ``BaseEnvironment`` on top of it,
   ``EnvironmentConfig(import_path="apps.runs.sandbox.environment:LocalSandboxEnvironment")``.
 * ``check_task_supported`` (support.py): why a task cannot run locally, before starting it.
+* dockerfiles.py, build.py, buildcache.py: ``environment/Dockerfile`` interpreted, checked
+  and applied at start (``RUN`` results cached per host); what cannot be applied is refused.
 
 Import the submodules directly; this package imports nothing eagerly so that importing
 ``apps.runs.sandbox.sandbox`` does not pull in Harbor.

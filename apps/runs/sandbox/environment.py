@@ -11,12 +11,15 @@ or on the command line ``harbor run -e apps.runs.sandbox.environment:LocalSandbo
 --ek model_socket=/run/synth/proxy.sock ...``.  Harbor's absolute paths work unchanged:
 the workdir (``[environment].workdir``, default ``/app``), ``/logs/{agent,verifier,artifacts}``,
 ``/tests`` and ``/solution`` are per-sandbox host directories bound at those paths, and Harbor's
-uploads/downloads are (symlink-safe) host-side copies.  See sandbox.py for the isolation
-model and docs/sandbox.md for the operator's view.
+uploads/downloads are (symlink-safe) host-side copies.  The environment's Dockerfile is
+applied at start (build.py; refused before start when it cannot be applied faithfully), its
+``ENV`` is the base of every exec's environment.  See sandbox.py for the isolation model and
+docs/sandbox.md for the operator's view.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import re
@@ -35,6 +38,8 @@ from harbor.models.trial.config import ResourceMode
 from harbor.models.trial.paths import TrialPaths
 from pydantic import Field
 
+from apps.runs.sandbox.build import apply_build
+from apps.runs.sandbox.buildcache import DEFAULT_KEEP, BuildCache
 from apps.runs.sandbox.cgroups import detect_hierarchies, make_plan
 from apps.runs.sandbox.sandbox import (
     CHECK_HOOK,
@@ -43,6 +48,7 @@ from apps.runs.sandbox.sandbox import (
     DEFAULT_PIDS_MAX,
     HOOKS_IN_SANDBOX,
     MODEL_SOCKET_IN_SANDBOX,
+    SANDBOX_PATH,
     Sandbox,
     SandboxError,
     SandboxLimits,
@@ -51,16 +57,19 @@ from apps.runs.sandbox.sandbox import (
 from apps.runs.sandbox.support import (
     APP_DIR_NAME,
     DEFAULT_ALLOWED_IMAGES,
+    DEFAULT_WORKDIR,
     SupportReport,
     UnsupportedTaskError,
+    bundled_image_problem,
     check_environment_supported,
-    parse_dockerfile,
+    dockerfile_workdir,
 )
 
 DEFAULT_MEMORY_MB = 2048
 DEFAULT_CPUS = 1.0
 DEFAULT_STORAGE_MB = 4096
-DEFAULT_WORKDIR = "/app"
+BUILD_CACHE_DIR_NAME = ".build-cache"
+BuildSource = Literal["none", "applied", "built", "cache"]
 
 
 def default_sandbox_root() -> Path:
@@ -134,6 +143,10 @@ class LocalSandboxOptions(EnvironmentOptions):
     extra_ro_binds: list[str] = Field(default_factory=list, description="'src' or 'src:dst', bound read-only.")
     extra_writable_dirs: list[str] = Field(default_factory=list)
     allowed_images: list[str] | None = Field(default=None, description="fnmatch patterns of acceptable base images.")
+    build_cache_dir: str | None = Field(
+        default=None, description="Host directory of built Dockerfiles (default: sandbox_root/.build-cache)."
+    )
+    build_cache_entries: int = Field(default=DEFAULT_KEEP, ge=1, description="Built Dockerfiles kept (LRU).")
 
 
 _BASE_PARAMS = frozenset(inspect.signature(BaseEnvironment.__init__).parameters) - {"self", "args", "kwargs"}
@@ -191,6 +204,10 @@ class LocalSandboxEnvironment(BaseEnvironment):
         self._phase_env: dict[str, str] = {}
         self._missing_commands: dict[str, list[str]] = {}
         _TRIAL_ENVIRONMENTS.setdefault(self._trial_key, []).append(self)
+        self._dockerfile_workdir: str | None = None
+        # How start() set the sandbox up from the Dockerfile: not at all, step by step, by
+        # running its build, or from the build cache.
+        self.build_source: BuildSource = "none"
         super().__init__(
             environment_dir, environment_name, session_id, trial_paths, task_env_config, logger, *args, **kwargs
         )
@@ -215,18 +232,23 @@ class LocalSandboxEnvironment(BaseEnvironment):
     # ------------------------------------------------------------------ validation
 
     def _validate_definition(self) -> None:
+        # Harbor's separate verifier is this same provider on tests/ ("bundled tests": built
+        # from tests/Dockerfile, which copies them to /tests), checked and built the same way.
         report = check_environment_supported(
             self.task_env_config,
             self.environment_dir,
             allowed_images=self._allowed_images,
             host_dirs=self._host_dirs,
+            extra_writable_dirs=self.sandbox_options.extra_writable_dirs,
+            label=f"the environment ({self.environment_dir.name}/)",
         )
-        if not self._enable_environment_dir_upload and (self.environment_dir / "Dockerfile").exists():
-            # Harbor's "bundled tests" verifier: the image built from tests/Dockerfile carries them.
-            report.problems.append(
-                "the verifier image bundles the tests (tests/Dockerfile), which local mode cannot build"
-            )
+        if not self._enable_environment_dir_upload and self.task_env_config.docker_image:
+            report.problems.append(bundled_image_problem(image=self.task_env_config.docker_image))
         self.support_report = report
+        build = report.build
+        self._dockerfile_workdir = (
+            build.plan.workdir if build else dockerfile_workdir(environment_dir=self.environment_dir)
+        )
         if report.problems:
             raise UnsupportedTaskError(report.message())
         for warning in report.warnings:
@@ -236,14 +258,13 @@ class LocalSandboxEnvironment(BaseEnvironment):
 
     @property
     def workdir(self) -> str:
-        if self.task_env_config.workdir:
-            return self.task_env_config.workdir
-        dockerfile = self.environment_dir / "Dockerfile"
-        if dockerfile.is_file():
-            workdir = parse_dockerfile(dockerfile.read_text(errors="replace")).workdir
-            if workdir:
-                return workdir
-        return DEFAULT_WORKDIR
+        return self.task_env_config.workdir or self._dockerfile_workdir or DEFAULT_WORKDIR
+
+    @property
+    def image_env(self) -> dict[str, str]:
+        """The Dockerfile's ENV: the base of every exec's environment."""
+        build = self.support_report.build
+        return dict(build.plan.env) if build is not None else {}
 
     @property
     def sandbox(self) -> Sandbox:
@@ -293,8 +314,9 @@ class LocalSandboxEnvironment(BaseEnvironment):
     # ------------------------------------------------------------------ life cycle
 
     async def start(self, force_build: bool) -> None:
-        # force_build has no meaning here: nothing is built.
+        # force_build has no meaning here: a build's cache entry is keyed by its content.
         opts = self.sandbox_options
+        build = self.support_report.build
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.session_id).strip("._-")[:80] or "sandbox"
         sandbox = Sandbox(
             name=f"{slug}-{secrets.token_hex(4)}",
@@ -306,24 +328,57 @@ class LocalSandboxEnvironment(BaseEnvironment):
             sandbox_uid=opts.sandbox_uid,
             host_dirs=self._host_dirs,
             extra_ro_binds=opts.extra_ro_binds,
-            extra_writable_dirs=opts.extra_writable_dirs,
+            extra_writable_dirs=[*opts.extra_writable_dirs, *(build.writable_dirs if build else ())],
             storage_backend=opts.storage_backend,
             cgroup_parent=opts.cgroup_parent,
             log=self.logger,
         )
         self._sandbox = sandbox
         await sandbox.start()
-        self._phase_enter(self.phase)
         try:
             self._require_enforced(sandbox)
+            await self._set_up_files(sandbox)
+            # After the set-up: what the Dockerfile's build looked up is not the phase's doing.
+            self._phase_enter(self.phase)
+        except BaseException:
+            await sandbox.stop(delete=True)
+            raise
+
+    async def _set_up_files(self, sandbox: Sandbox) -> None:
+        build = self.support_report.build
+        if build is None:
+            # No Dockerfile to apply: environment/app/ is the workdir's initial content, or
+            # (prebuilt docker_image) Harbor's own convention of uploading environment/.
             app_dir = self.environment_dir / APP_DIR_NAME
             if app_dir.is_dir():
                 await sandbox.upload_dir(app_dir, self.workdir)
             else:
                 await self._upload_environment_dir_after_start()
-        except BaseException:
-            await sandbox.stop(delete=True)
-            raise
+            return
+        if not build.plan.has_run:
+            await apply_build(sandbox=sandbox, build=build)
+            self.build_source = "applied"
+            return
+        opts = self.sandbox_options
+        cache_dir = Path(opts.build_cache_dir) if opts.build_cache_dir else sandbox.base_dir / BUILD_CACHE_DIR_NAME
+        cache = BuildCache(root=cache_dir, keep=opts.build_cache_entries)
+        # Hashing the build context reads every file of it: not on the event loop.
+        key = await asyncio.to_thread(
+            build.cache_key, layout=sandbox.writable_dirs, host_dirs=[*self._host_dirs, *opts.extra_ro_binds]
+        )
+
+        async def build_and_export(target: Path) -> None:
+            await apply_build(sandbox=sandbox, build=build)
+            await sandbox.export_files(target)
+
+        hit = await cache.fetch_or_build(key, restore=sandbox.import_files, build=build_and_export)
+        self.build_source = "cache" if hit else "built"
+        self.logger.info(
+            "local sandbox: %s %s (build %s)",
+            build.plan.file,
+            "restored from the build cache" if hit else "built",
+            key[:12],
+        )
 
     def _require_enforced(self, sandbox: Sandbox) -> None:
         # An explicit "limit"/"guarantee" policy must be enforced or the run refused; "auto"
@@ -383,18 +438,28 @@ class LocalSandboxEnvironment(BaseEnvironment):
             # The user namespace maps a single uid, so there is nobody else to become.
             self._warned_users.add(str(effective_user))
             self.logger.warning("local sandbox: running as root instead of user %r", effective_user)
-        merged = self._merge_env(env)
-        if self._phase_env:
-            merged = {**self._phase_env, **(merged or {})}
         result = await self.sandbox.exec(
             command,
             cwd=cwd or self.workdir,
-            env=merged,
+            env=self._exec_env(env),
             timeout_sec=timeout_sec,
             on_output=self._output_callback(),
         )
         # Like the docker provider: empty streams are None.
         return ExecResult(stdout=result.stdout or None, stderr=result.stderr or None, return_code=result.return_code)
+
+    def _exec_env(self, env: dict[str, str] | None) -> dict[str, str]:
+        # The image's ENV is the lowest layer, as in a container: the task's and the trial's
+        # variables override it.  A PATH the platform built by prefixing the default one (e.g.
+        # Claude Code's directory) is applied on top of the image's PATH instead of hiding it.
+        image = self.image_env
+        merged = self._merge_env(env) or {}
+        # The phase's hooks (BASH_ENV while the verifier is checked) sit above the image.
+        result = {**image, **self._phase_env, **merged}
+        path = merged.get("PATH")
+        if "PATH" in image and path and path != image["PATH"] and path.endswith(SANDBOX_PATH):
+            result["PATH"] = path[: -len(SANDBOX_PATH)] + image["PATH"]
+        return result
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         await self.sandbox.upload_file(source_path, str(target_path))

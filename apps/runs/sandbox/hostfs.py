@@ -188,3 +188,28 @@ def copy_tree_out(src_fd: int, target: Path) -> None:
                 continue
         else:
             logger.debug("not downloading special file %s", name)
+
+
+def snapshot_tree(src_fd: int, target: Path) -> None:
+    """Copy the directory src_fd to the new host directory target as it is: directories
+    (with their modes), regular files and symlinks (recreated, never followed); special files
+    are skipped.  For the build cache, whose entries are copied back with copy_tree_in."""
+    target.mkdir(mode=0o700)
+    with os.scandir(src_fd) as entries:
+        names = [e.name for e in entries]
+    for name in names:
+        try:
+            st = os.stat(name, dir_fd=src_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            os.symlink(os.readlink(name, dir_fd=src_fd), target / name)
+        elif stat.S_ISDIR(st.st_mode):
+            with closing_fd(os.open(name, _DIR_FLAGS, dir_fd=src_fd)) as sub:
+                snapshot_tree(sub, target / name)
+            os.chmod(target / name, stat.S_IMODE(st.st_mode) & _MODE_MASK)
+        elif stat.S_ISREG(st.st_mode):
+            read_file(src_fd, name, target / name)
+            os.chmod(target / name, stat.S_IMODE(st.st_mode) & _MODE_MASK)
+        else:
+            logger.debug("not keeping special file %s", name)

@@ -755,12 +755,14 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         timeout_sec: float | None = None,
         on_output: OutputCallback | None = None,
+        kill_leftovers: bool = False,
     ) -> SandboxExecResult:
         """Run ``bash -c command`` in the sandbox (as its root), like ``docker exec``.
 
         Returns when the command's main process exits; background processes it started keep
-        running (docker semantics) until ``stop()``.  On timeout or cancellation every process
-        the exec started is killed; a timeout raises SandboxExecTimeoutError.
+        running (docker semantics) until ``stop()``, unless ``kill_leftovers`` (a Dockerfile
+        ``RUN``, whose processes end with its build step).  On timeout or cancellation every
+        process the exec started is killed; a timeout raises SandboxExecTimeoutError.
         """
         if not self.running or self.init_pid is None or self._tools is None:
             raise SandboxError(f"sandbox {self.name} is not running")
@@ -857,6 +859,8 @@ class Sandbox:
         # OOM kills are counted by the sandbox's memory cgroup; the difference over this exec is
         # attributed to it (approximate when execs run concurrently).
         oom_kills = max(0, (self.oom_kills() or 0) - oom_before)
+        if exec_cgroup is not None and kill_leftovers and not exec_cgroup.is_empty():
+            await exec_cgroup.kill()
         if exec_cgroup is not None and exec_cgroup.is_empty():
             exec_cgroup.remove()
         rc = proc.returncode if proc.returncode is not None else -1
@@ -982,6 +986,48 @@ class Sandbox:
         def run() -> None:
             with hostfs.closing_fd(hostfs.open_dir(root, parts, create=True, owner=self._owner)) as dir_fd:
                 hostfs.copy_tree_in(Path(source), dir_fd, self._owner)
+
+        await asyncio.to_thread(run)
+
+    async def make_dir(self, target: str) -> None:
+        """``mkdir -p`` of a directory inside a writable directory (symlinks in the way replaced)."""
+        root, parts = self._locate(target)
+
+        def run() -> None:
+            os.close(hostfs.open_dir(root, parts, create=True, owner=self._owner))
+
+        await asyncio.to_thread(run)
+
+    async def is_dir(self, target: str) -> bool:
+        """Whether a path inside a writable directory is a directory (never through a symlink)."""
+        root, parts = self._locate(target)
+
+        def run() -> bool:
+            try:
+                os.close(hostfs.open_dir(root, parts, create=False, owner=None))
+            except OSError:
+                return False
+            return True
+
+        return await asyncio.to_thread(run)
+
+    async def export_files(self, target: Path) -> None:
+        """Copy every writable directory's content to the host directory target, symlinks kept
+        as symlinks (never followed).  Only while nothing runs in the sandbox that could change
+        the tree underneath (e.g. between build steps)."""
+
+        def run() -> None:
+            with hostfs.closing_fd(os.open(self.fs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)) as fd:
+                hostfs.snapshot_tree(fd, Path(target))
+
+        await asyncio.to_thread(run)
+
+    async def import_files(self, source: Path) -> None:
+        """Merge a tree made by export_files (with the same writable directories) into this sandbox."""
+
+        def run() -> None:
+            with hostfs.closing_fd(hostfs.open_dir(self.fs, [], create=False, owner=None)) as fd:
+                hostfs.copy_tree_in(Path(source), fd, self._owner)
 
         await asyncio.to_thread(run)
 
