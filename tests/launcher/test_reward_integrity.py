@@ -217,6 +217,7 @@ def _repo_task(root: Path) -> tuple[Path, str]:
     """A task whose workdir is a repository checked out one commit before its fix, with the fix
     also on a tag, another branch and a remote-tracking ref."""
     task = _task(root, "history", test_sh=HONEST_TEST)
+    (task / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\nWORKDIR /app\nCOPY app/ /app/\n")
     repo = task / "environment" / "app"
     repo.mkdir()
     _git(repo, "init", "-q", "-b", "main")
