@@ -315,6 +315,22 @@ def deepseek_r1_template() -> str:
     )
 
 
+# DeepSeek-V3.1's upstream template from llama.cpp's copy: "</think>" where llama.cpp writes
+# "<think></think>", and the message's argument string where llama.cpp applies tojson.
+DEEPSEEK_V31_EDITS = [
+    ("{{'<｜Assistant｜><think></think>'}}", "{{'<｜Assistant｜></think>'}}"),
+    ("{%- else -%}{{'<think></think>'}}", "{%- else -%}{{'</think>'}}"),
+    ("{%- if not thinking -%}{{'<think></think>'}}", "{%- if not thinking -%}{{'</think>'}}"),
+]
+_V31_ARGUMENTS = "tool['function']['arguments'] | tojson"
+
+
+def deepseek_v31_template() -> str:
+    template = patched(load_template("deepseek-v3.1"), DEEPSEEK_V31_EDITS)
+    assert template.count(_V31_ARGUMENTS) == 3  # the first call with and without content, the others
+    return template.replace(_V31_ARGUMENTS, "tool['function']['arguments']")
+
+
 KIMI_EDITS = [
     # the messages' own tool-call ids instead of a counter (and no list.append)
     (
