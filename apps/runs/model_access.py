@@ -323,7 +323,11 @@ def sandbox_model_options(*, access: ModelAccess) -> tuple[dict[str, Any], dict[
     and, when installed, Claude Code as ``claude`` on PATH."""
     from apps.runs.sandbox.sandbox import SANDBOX_PATH
 
-    kwargs: dict[str, Any] = {"model_socket": str(access.socket), "model_port": access.port}
+    kwargs: dict[str, Any] = {
+        "model_socket": str(access.socket),
+        "model_port": access.port,
+        "model_max_connections": settings.SYNTH_SANDBOX_MODEL_MAX_CONNECTIONS,
+    }
     env: dict[str, str] = {}
     if access.claude is not None:
         kwargs["extra_ro_binds"] = [f"{access.claude}:{SANDBOX_CLAUDE}"]
