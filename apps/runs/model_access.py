@@ -277,7 +277,7 @@ def model_access_open(
     if not proxy_listening(path=proxy_socket):
         raise ModelAccessError(
             f"the model proxy is not listening on {proxy_socket} (SYNTH_PROXY_SOCKET); start it with "
-            f"`uvicorn synth_project.asgi:application --uds {proxy_socket}`"
+            f"`uvicorn synth_project.proxy_asgi:application --uds {proxy_socket}`"
         )
     claude = claude_code_binary()
     if claude is not None:
