@@ -9,8 +9,9 @@ provisioned (manage.py provision_tokenizers) if missing; the route "bench-instan
 (manage.py route_add; backend "instant", returning at once one Qwen3 tool call, so every
 turn is a tool cycle); one model
 credential per session, as each attempt of a run holds its own. The proxy is this file run
-with --serve in a subprocess: uvicorn serving synth_project.asgi with uvicorn's defaults
-on a free loopback port, its own process as in production.
+with --serve in a subprocess: uvicorn serving synth_project.proxy_asgi with uvicorn's
+defaults on a free loopback port, its own process as in production (so a repeated exception
+is logged a few times a minute, then counted: see apps.core.logfold).
 
 Load: --sessions asyncio tasks on one httpx.AsyncClient, started together, each a
 conversation of --turns streaming calls (POST /v1/messages?beta=true, Claude Code's
@@ -89,7 +90,7 @@ def serve(port: int, lag_file: str, probe_ms: float) -> None:
     """uvicorn with the ASGI application and a loop-lag probe on its event loop."""
     import uvicorn
 
-    from synth_project.asgi import application
+    from synth_project.proxy_asgi import application
 
     interval = probe_ms / 1000
 

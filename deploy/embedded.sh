@@ -66,7 +66,7 @@ $PY manage.py route_add --default >/dev/null
 if ! { [ -f "$RUNDIR/proxy.pid" ] && kill -0 "$(cat "$RUNDIR/proxy.pid")" 2>/dev/null; }; then
   rm -f "$SYNTH_PROXY_SOCKET"  # a stale socket of a proxy that died; uvicorn cannot bind over it
 fi
-start proxy "$ROOT/.venv/bin/uvicorn" synth_project.asgi:application --uds "$SYNTH_PROXY_SOCKET" \
+start proxy "$ROOT/.venv/bin/uvicorn" synth_project.proxy_asgi:application --uds "$SYNTH_PROXY_SOCKET" \
   --lifespan off --timeout-keep-alive 75
 start gateway "$ROOT/.venv/bin/gunicorn" synth_project.wsgi -c deploy/gunicorn.conf.py -b "127.0.0.1:$PORT" -w 1
 start worker "$ROOT/.venv/bin/celery" -A synth_project worker -Q control,trials,evidence,training -c 3 -B \

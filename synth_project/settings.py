@@ -29,14 +29,17 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name} must be a boolean (true/false), got {raw!r}")
 
 
-def env_int(name: str, default: int) -> int:
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from exc
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, got {value}")
+    return value
 
 
 def env_secret(name: str, default: str | None = None) -> str | None:
@@ -270,6 +273,9 @@ SYNTH_PROXY_PUBLIC_URL = os.environ.get("SYNTH_PROXY_PUBLIC_URL", "").rstrip("/"
 SYNTH_PROXY_SOCKET = Path(os.environ.get("SYNTH_PROXY_SOCKET") or VAR_DIR / "run" / "proxy.sock")
 # The bridge's port on a sandbox's own 127.0.0.1 (ANTHROPIC_BASE_URL inside).
 SYNTH_SANDBOX_MODEL_PORT = env_int("SYNTH_SANDBOX_MODEL_PORT", 18080)
+# Connections one sandbox may have open through its bridge at once; the others wait in the
+# kernel's accept queue, so a hostile sandbox cannot exhaust the worker's descriptors.
+SYNTH_SANDBOX_MODEL_MAX_CONNECTIONS = env_int("SYNTH_SANDBOX_MODEL_MAX_CONNECTIONS", 64, minimum=1)
 # A trial's model credential lives for its agent deadline (+ setup) plus this margin; it is
 # revoked as soon as the trial ends, the expiry only bounds a crashed worker's credential.
 SYNTH_MODEL_CREDENTIAL_MARGIN_SECONDS = env_int("SYNTH_MODEL_CREDENTIAL_MARGIN_SECONDS", 900)

@@ -101,3 +101,32 @@ def test_the_image_copies_what_exists_and_runs_the_gateway_config():
     namespace: dict = {}
     exec(compile((ROOT / "deploy" / "gunicorn.conf.py").read_text(), "gunicorn.conf.py", "exec"), namespace)
     assert namespace["worker_class"] == "gthread" and namespace["timeout"] == 0
+
+
+PROXY_APP = "synth_project.proxy_asgi:application"
+
+
+def test_every_proxy_serves_the_model_only_application():
+    """Wherever the proxy's socket or port is served (Kubernetes, the embedded job, the README,
+    the operator's hint, the harness tests' proxy), it is the model-only application, and its
+    probes ask a path that application answers."""
+    from synth_project.proxy_asgi import path_is_model_api
+
+    served = 0
+    for name, containers in _containers(_documents()).items():
+        for container in containers:
+            if "uvicorn" in container["command"]:
+                assert container["command"][1] == PROXY_APP, (name, container["command"])
+                served += 1
+                probe = (container.get("readinessProbe") or {}).get("httpGet")
+                assert probe is None or path_is_model_api(path=probe["path"]), probe
+    assert served == 2  # the trials pod's proxy (socket) and the interactive one (port)
+    embedded = [line for line in (ROOT / "deploy" / "embedded.sh").read_text().splitlines() if "bin/uvicorn" in line]
+    assert embedded and all(PROXY_APP in line for line in embedded), embedded
+    assert "http://proxy/healthz" in (ROOT / "deploy" / "embedded.sh").read_text() and path_is_model_api(
+        path="/healthz"
+    )
+    (row,) = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| model proxy")]
+    assert f"`uvicorn {PROXY_APP} --uds $SYNTH_PROXY_SOCKET`" in row
+    assert f"`uvicorn {PROXY_APP} --uds" in (ROOT / "apps" / "runs" / "model_access.py").read_text()
+    assert "from synth_project.proxy_asgi import application" in (ROOT / "tests/harness/proxy_server.py").read_text()

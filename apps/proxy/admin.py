@@ -2,16 +2,32 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.http import HttpRequest
 
 from apps.accounts.models import ModelCredential
 from apps.core.admin_utils import ReadOnlyAdmin
+from apps.core.errors import ValidationFailed
 from apps.proxy.models import Interaction, ModelRoute
+from apps.proxy.services import route_family_check
+
+
+class ModelRouteForm(forms.ModelForm):
+    """The admin builds the fields (ModelAdmin.get_form); this adds the family check."""
+
+    def clean_family(self) -> str:
+        family = self.cleaned_data["family"]
+        try:
+            route_family_check(family=family)
+        except ValidationFailed as exc:
+            raise forms.ValidationError(exc.message) from exc
+        return family
 
 
 @admin.register(ModelRoute)
 class ModelRouteAdmin(admin.ModelAdmin):
+    form = ModelRouteForm
     list_display = [
         "name",
         "family",

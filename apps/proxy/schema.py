@@ -30,7 +30,7 @@ the captured interaction; ignore = accepted and dropped on purpose):
 | content: text                          | act (citations, cache_control ignored) |
 | content: image, document, search_result| passed to the adapter (text-only families render a placeholder) |
 | content: thinking, redacted_thinking   | passed to the adapter; signatures are not verified (ours are opaque) |
-| content: tool_use, tool_result         | act; tool_result.content may be a string or blocks; is_error is rendered |
+| content: tool_use, tool_result         | act; tool_result.content may be a string or blocks; is_error is accepted, the text rendered as sent |
 | other content block types              | passed to the adapter as they are (server tool blocks, container_upload, ...) |
 | header anthropic-version               | ignore (accepted without checking) |
 | header anthropic-beta                  | record; not acted on (unknown betas never cause an error) |

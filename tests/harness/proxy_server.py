@@ -2,7 +2,7 @@
 
     python -m tests.harness.proxy_server --uds /path/proxy.sock     (or --port N)
 
-It is ``uvicorn synth_project.asgi:application --uds ...`` with one addition: a scripted
+It is ``uvicorn synth_project.proxy_asgi:application --uds ...`` with one addition: a scripted
 route may name its chooser by module path (``{"choose": "tests.harness.script:choose"}``),
 because a route's sampler config is JSON and the proxy is a separate process. The
 database, broker and tokenizer directory come from the environment, as for the real proxy.
@@ -43,7 +43,7 @@ def main() -> None:
     _scripted_choosers_by_path()
     import uvicorn
 
-    from synth_project.asgi import application
+    from synth_project.proxy_asgi import application
 
     if args.uds:
         uvicorn.run(application, uds=args.uds, lifespan="off", log_level="info")

@@ -510,12 +510,12 @@ def _environment_missing() -> str | None:
 
 
 class UdsProxy:
-    """The ASGI application (the model proxy) under uvicorn in a thread, on a Unix socket."""
+    """The model proxy's ASGI application under uvicorn in a thread, on a Unix socket."""
 
     def __init__(self, path: Path) -> None:
         import uvicorn
 
-        from synth_project.asgi import application
+        from synth_project.proxy_asgi import application
 
         self.path = path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

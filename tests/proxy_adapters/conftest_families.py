@@ -209,6 +209,71 @@ def conversations(ids: tuple[str, str, str]) -> dict[str, dict[str, Any]]:
     }
 
 
+# What the harness sent as is_error results, literally (the reference templates get these
+# strings, never the adapters' own mapping, so an added marker cannot hide in both).
+ERROR_RESULTS_SENT = [
+    "Exit code 2\nls: cannot access 'nope': No such file or directory",
+    "Traceback (most recent call last):\nValueError: bad input",
+    "<tool_use_error>File has not been read yet.</tool_use_error>",
+]
+
+
+def error_results(ids: tuple[str, str, str]) -> dict[str, Any]:
+    """A tool turn whose three results are errors: string content, two text blocks, one block."""
+    a, b, c = ids
+    return {
+        "system": "You are an agent.",
+        "tools": TOOLS,
+        "messages": [
+            {"role": "user", "content": "Try three things."},
+            {
+                "role": "assistant",
+                "content": [
+                    tool_use(a, "get_weather", {"city": "Nowhere"}),
+                    tool_use(b, "Bash", {"command": "python3 x.py"}),
+                    tool_use(c, "get_weather", {"city": "Paris"}),
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    tool_result(a, ERROR_RESULTS_SENT[0], is_error=True),
+                    tool_result(
+                        b,
+                        [
+                            {"type": "text", "text": "Traceback (most recent call last):"},
+                            {"type": "text", "text": "ValueError: bad input"},
+                        ],
+                        is_error=True,
+                    ),
+                    tool_result(c, [{"type": "text", "text": ERROR_RESULTS_SENT[2]}], is_error=True),
+                ],
+            },
+        ],
+    }
+
+
+def error_results_then_user(ids: tuple[str, str, str]) -> dict[str, Any]:
+    """The same results followed by a user text (Claude Code's reminders), then a new question."""
+    request = error_results(ids)
+    last = request["messages"][-1]
+    return {
+        **request,
+        "messages": [
+            *request["messages"][:-1],
+            {**last, "content": [*last["content"], {"type": "text", "text": "Why did they fail?"}]},
+        ],
+    }
+
+
+def as_sent(messages: list[dict[str, Any]], texts: list[str] = ERROR_RESULTS_SENT) -> list[dict[str, Any]]:
+    """Template messages with each tool message's content replaced, in order, by `texts`."""
+    tool_messages = [m for m in messages if m["role"] == "tool"]
+    assert len(tool_messages) == len(texts)
+    replaced = iter(texts)
+    return [{**m, "content": next(replaced)} if m["role"] == "tool" else m for m in messages]
+
+
 # --- template-input helpers ------------------------------------------------------------------
 
 
@@ -248,6 +313,22 @@ def deepseek_r1_template() -> str:
             )
         ],
     )
+
+
+# DeepSeek-V3.1's upstream template from llama.cpp's copy: "</think>" where llama.cpp writes
+# "<think></think>", and the message's argument string where llama.cpp applies tojson.
+DEEPSEEK_V31_EDITS = [
+    ("{{'<｜Assistant｜><think></think>'}}", "{{'<｜Assistant｜></think>'}}"),
+    ("{%- else -%}{{'<think></think>'}}", "{%- else -%}{{'</think>'}}"),
+    ("{%- if not thinking -%}{{'<think></think>'}}", "{%- if not thinking -%}{{'</think>'}}"),
+]
+_V31_ARGUMENTS = "tool['function']['arguments'] | tojson"
+
+
+def deepseek_v31_template() -> str:
+    template = patched(load_template("deepseek-v3.1"), DEEPSEEK_V31_EDITS)
+    assert template.count(_V31_ARGUMENTS) == 3  # the first call with and without content, the others
+    return template.replace(_V31_ARGUMENTS, "tool['function']['arguments']")
 
 
 KIMI_EDITS = [

@@ -12,10 +12,14 @@ import pytest
 from apps.proxy.adapters.deepseek import GENERATION_PROMPT, DeepSeekAdapter, tools_section
 from apps.proxy.adapters.registry import ADAPTERS
 from tests.proxy_adapters.conftest_families import (
+    ERROR_RESULTS_SENT,
     WEATHER_TOOL,
+    as_sent,
     chat_messages,
     conversations,
     deepseek_r1_template,
+    error_results,
+    error_results_then_user,
     hf_apply_chat_template,
     jinja,
     next_request,
@@ -26,7 +30,8 @@ from tests.proxy_adapters.conftest_families import (
     with_string_arguments,
 )
 
-CONVERSATIONS = conversations(("call_a", "call_b", "call_c"))
+IDS = ("call_a", "call_b", "call_c")
+CONVERSATIONS = conversations(IDS)
 BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"
 
@@ -45,12 +50,13 @@ def ids(tokenizer: Any, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False).ids
 
 
-def official_text(request: dict[str, Any]) -> str:
+def official_text(request: dict[str, Any], *, sent: list[str] | None = None) -> str:
     """The R1 template on the adapter's template messages. The template does not render tools;
     the adapter's tool section is appended as the last system message (the template collects
-    system messages, in order, into the opening prompt), so everything else is compared."""
+    system messages, in order, into the opening prompt), so everything else is compared.
+    `sent`: the tool results' texts as the harness sent them, given to the template directly."""
     messages, tools = chat_messages(request)
-    messages = with_string_arguments(messages)
+    messages = with_string_arguments(messages if sent is None else as_sent(messages, sent))
     if tools:
         messages = [*messages, {"role": "system", "content": tools_section(tools)}]
     return jinja(deepseek_r1_template(), messages, None, bos_token=BOS)
@@ -74,6 +80,14 @@ def test_render_matches_official_r1_template(adapter: DeepSeekAdapter, tokenizer
     request = CONVERSATIONS[name]
     rendered = adapter.render(request=request)
     expected = official_text(request)
+    assert rendered.text == expected
+    assert rendered.token_ids == ids(tokenizer, expected)
+
+
+def test_error_results_render_as_the_harness_sent_them(adapter: DeepSeekAdapter, tokenizer: Any) -> None:
+    request = error_results(IDS)
+    rendered = adapter.render(request=request)
+    expected = official_text(request, sent=ERROR_RESULTS_SENT)
     assert rendered.text == expected
     assert rendered.token_ids == ids(tokenizer, expected)
 
@@ -164,7 +178,7 @@ def test_closes_tool_outputs_before_a_user_turn(adapter: DeepSeekAdapter) -> Non
 
 def test_error_results_and_block_results(adapter: DeepSeekAdapter) -> None:
     text = adapter.render(request=CONVERSATIONS["multi_call"]).text
-    assert "<｜tool▁output▁begin｜>Rain<｜tool▁output▁end｜><｜tool▁output▁begin｜>Error: command not found" in text
+    assert "<｜tool▁output▁begin｜>Rain<｜tool▁output▁end｜><｜tool▁output▁begin｜>command not found<" in text
     assert text.endswith("<｜tool▁output▁end｜><｜tool▁outputs▁end｜>")  # no generation prompt after outputs
     text = adapter.render(request=CONVERSATIONS["tool_loop_open"]).text
     assert "<｜tool▁output▁begin｜>a.txt\nb.txt<｜tool▁output▁end｜>" in text
@@ -206,6 +220,20 @@ def test_render_matches_tml_deepseek_r1(adapter: DeepSeekAdapter, name: str) -> 
     request = _without_tools(CONVERSATIONS[name])
     messages, _tools = chat_messages(request)
     assert adapter.render(request=request).token_ids == tml_ids(renderers.DeepSeekR1(), messages, None)
+
+
+@pytest.mark.parametrize("case", [error_results, error_results_then_user])
+def test_error_results_match_tml_deepseek_r1_as_sent(adapter: DeepSeekAdapter, tokenizer: Any, case: Any) -> None:
+    tml_available()
+    from tml_renderers import renderers
+
+    request = _without_tools(case(IDS))
+    ours = adapter.render(request=request).token_ids
+    messages, _tools = chat_messages(request)
+    expected = tml_ids(renderers.DeepSeekR1(), as_sent(messages), None)
+    if case is error_results:  # tml adds a generation prompt after tool outputs (see below)
+        expected = expected[: -len(ids(tokenizer, GENERATION_PROMPT))]
+    assert ours == expected
 
 
 @pytest.mark.parametrize("name", ["tool_loop_open", "multi_call"])

@@ -12,16 +12,21 @@ from apps.proxy.adapters.glm import GlmAdapter, argument_value
 from apps.proxy.adapters.registry import ADAPTERS
 from apps.proxy.chat_templates import load_template
 from tests.proxy_adapters.conftest_families import (
+    ERROR_RESULTS_SENT,
     TOOLS,
+    as_sent,
     chat_messages,
     conversations,
+    error_results,
+    error_results_then_user,
     hf_apply_chat_template,
     jinja,
     next_request,
     results_for,
 )
 
-CONVERSATIONS = conversations(("call_a", "call_b", "call_c"))
+IDS = ("call_a", "call_b", "call_c")
+CONVERSATIONS = conversations(IDS)
 OFF = {"type": "disabled"}
 USER_ID, OBSERVATION_ID = 151336, 151338
 
@@ -40,8 +45,10 @@ def ids(tokenizer: Any, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False).ids
 
 
-def official_text(request: dict[str, Any], **kwargs: Any) -> str:
+def official_text(request: dict[str, Any], *, sent: list[str] | None = None, **kwargs: Any) -> str:
+    """`sent`: the tool results' texts as the harness sent them, given to the template directly."""
     messages, tools = chat_messages(request)
+    messages = messages if sent is None else as_sent(messages, sent)
     if (request.get("thinking") or {}).get("type") == "disabled":
         kwargs["enable_thinking"] = False
     return jinja(load_template("glm-4.6"), messages, tools, **kwargs)
@@ -61,6 +68,20 @@ def test_render_matches_official_template(
     assert rendered.token_ids == ids(tokenizer, expected)
     assert adapter.count_tokens(request=request) == len(rendered.token_ids)
     assert adapter.render_text(request=request) == rendered.text
+
+
+@pytest.mark.parametrize("thinking", [None, OFF], ids=["thinking", "nothink"])
+@pytest.mark.parametrize("case", [error_results, error_results_then_user])
+def test_error_results_render_as_the_harness_sent_them(
+    adapter: GlmAdapter, tokenizer: Any, case: Any, thinking: dict[str, Any] | None
+) -> None:
+    request = case(IDS)
+    if thinking is not None:
+        request["thinking"] = thinking
+    rendered = adapter.render(request=request)
+    expected = official_text(request, sent=ERROR_RESULTS_SENT)
+    assert rendered.text == expected
+    assert rendered.token_ids == ids(tokenizer, expected)
 
 
 @pytest.mark.parametrize("thinking", [None, OFF], ids=["thinking", "nothink"])
@@ -84,7 +105,7 @@ def test_format_details(adapter: GlmAdapter, tokenizer: Any) -> None:
         "<|assistant|>\n<think></think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris"
         "</arg_value>\n</tool_call>\n<tool_call>Bash\n<arg_key>command</arg_key>\n<arg_value>date</arg_value>\n"
         "<arg_key>run_in_background</arg_key>\n<arg_value>false</arg_value>\n</tool_call>"
-        "<|observation|>\n<tool_response>\nRain\n</tool_response>\n<tool_response>\nError: command not found\n"
+        "<|observation|>\n<tool_response>\nRain\n</tool_response>\n<tool_response>\ncommand not found\n"
         "</tool_response><|assistant|>"
     ) in text
     rendered = adapter.render(request={**CONVERSATIONS["system_user"], "thinking": OFF})

@@ -12,8 +12,12 @@ import pytest
 from apps.proxy.adapters.kimi import KimiK2Adapter, call_name, deep_sorted
 from apps.proxy.adapters.registry import ADAPTERS
 from tests.proxy_adapters.conftest_families import (
+    ERROR_RESULTS_SENT,
+    as_sent,
     chat_messages,
     conversations,
+    error_results,
+    error_results_then_user,
     hf_apply_chat_template,
     jinja,
     kimi_k2_thinking_template,
@@ -23,7 +27,8 @@ from tests.proxy_adapters.conftest_families import (
     tml_ids,
 )
 
-CONVERSATIONS = conversations(("functions.get_weather:0", "functions.Bash:1", "functions.get_weather:2"))
+IDS = ("functions.get_weather:0", "functions.Bash:1", "functions.get_weather:2")
+CONVERSATIONS = conversations(IDS)
 HEADER = "<|im_assistant|>assistant<|im_middle|>"
 
 
@@ -41,8 +46,10 @@ def ids(tokenizer: Any, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False).ids
 
 
-def official_text(request: dict[str, Any], **kwargs: Any) -> str:
+def official_text(request: dict[str, Any], *, sent: list[str] | None = None, **kwargs: Any) -> str:
+    """`sent`: the tool results' texts as the harness sent them, given to the template directly."""
     messages, tools = chat_messages(request)
+    messages = messages if sent is None else as_sent(messages, sent)
     # Moonshot's tokenizer deep-sorts the tools before the template prints them.
     return jinja(kimi_k2_thinking_template(), messages, deep_sorted(tools) if tools else None, **kwargs)
 
@@ -56,6 +63,26 @@ def test_render_matches_official_template(adapter: KimiK2Adapter, tokenizer: Any
     assert rendered.token_ids == ids(tokenizer, expected)
     assert adapter.count_tokens(request=request) == len(rendered.token_ids)
     assert adapter.render_text(request=request) == rendered.text
+
+
+@pytest.mark.parametrize("case", [error_results, error_results_then_user])
+def test_error_results_render_as_the_harness_sent_them(adapter: KimiK2Adapter, tokenizer: Any, case: Any) -> None:
+    request = case(IDS)
+    rendered = adapter.render(request=request)
+    expected = official_text(request, sent=ERROR_RESULTS_SENT)
+    assert rendered.text == expected
+    assert rendered.token_ids == ids(tokenizer, expected)
+
+
+@pytest.mark.parametrize("case", [error_results, error_results_then_user])
+def test_error_results_match_tml_kimi_k2_as_sent(adapter: KimiK2Adapter, case: Any) -> None:
+    tml_available()
+    from tml_renderers import renderers
+
+    request = case(IDS)
+    messages, tools = chat_messages(request)
+    dumps = lambda a: json.dumps(a, ensure_ascii=False)  # noqa: E731
+    assert adapter.render(request=request).token_ids == tml_ids(renderers.KimiK2(), as_sent(messages), tools, dumps)
 
 
 def test_reference_environment_is_transformers(adapter: KimiK2Adapter, tokenizer_root: Any) -> None:
@@ -119,7 +146,7 @@ def test_images_errors_and_block_results(adapter: KimiK2Adapter) -> None:
     assert "## Return of functions.get_weather:0\nPNG image\n[image: image/jpeg, 108 bytes omitted]<|im_end|>" in text
     assert "<|media_pad|>" not in text
     text = adapter.render(request=CONVERSATIONS["multi_call"]).text
-    assert "## Return of functions.Bash:1\nError: command not found<|im_end|>" in text
+    assert "## Return of functions.Bash:1\ncommand not found<|im_end|>" in text
 
 
 def test_prefill_and_thinking_option(adapter: KimiK2Adapter) -> None:

@@ -13,6 +13,7 @@ import pytest
 from apps.proxy.adapters.base import ChatAdapter
 from apps.proxy.adapters.qwen import Qwen3Adapter, Qwen25Adapter, SampledTurnMemo, to_chat_messages
 
+from .conftest_families import ERROR_RESULTS_SENT, as_sent, error_results, error_results_then_user
 from .oracles import jinja_text, tml_qwen3_ids
 
 IM_END = 151645
@@ -304,9 +305,13 @@ def qwen25(load: Any) -> Qwen25Adapter:
     return Qwen25Adapter(tokenizer=load("qwen2.5"))
 
 
-def official(adapter: ChatAdapter, template: str, request: dict[str, Any]) -> tuple[str, list[int]]:
-    """The official template's text and ids for an Anthropic request."""
+def official(
+    adapter: ChatAdapter, template: str, request: dict[str, Any], *, sent: list[str] | None = None
+) -> tuple[str, list[int]]:
+    """The official template's text and ids for an Anthropic request. `sent`: the tool results'
+    texts as the harness sent them, given to the template instead of the adapter's mapping."""
     messages, tools = to_chat_messages(request)
+    messages = messages if sent is None else as_sent(messages, sent)
     prefill = messages[-1]["role"] == "assistant"
     kwargs: dict[str, Any] = {}
     if (request.get("thinking") or {}).get("type") == "disabled":
@@ -327,6 +332,40 @@ def test_qwen3_matches_the_official_template(qwen3: Qwen3Adapter, case: str) -> 
     assert rendered.text == text
     assert rendered.token_ids == ids
     assert qwen3.count_tokens(request=CASES[case]) == len(ids)
+
+
+# Requests with is_error results, and the results' text exactly as the harness sent it.
+ERROR_CASES: dict[str, tuple[dict[str, Any], list[str]]] = {
+    "error_results": (error_results(("t1", "t2", "t3")), ERROR_RESULTS_SENT),
+    "error_results_then_user": (error_results_then_user(("t1", "t2", "t3")), ERROR_RESULTS_SENT),
+    "tool_result_error_and_empty": (CASES["tool_result_error_and_empty"], ["Exit code 1", ""]),
+    "parallel_tools_errors_and_reminder": (
+        CASES["parallel_tools_errors_and_reminder"],
+        ["/work\n(done)", "<tool_use_error>File has not been read yet.</tool_use_error>"],
+    ),
+}
+
+
+@pytest.mark.parametrize("template", ["qwen3", "qwen2.5"])
+@pytest.mark.parametrize("case", sorted(ERROR_CASES))
+def test_error_results_render_as_the_harness_sent_them(
+    qwen3: Qwen3Adapter, qwen25: Qwen25Adapter, template: str, case: str
+) -> None:
+    request, sent = ERROR_CASES[case]
+    adapter = qwen3 if template == "qwen3" else qwen25
+    text, ids = official(adapter, template, request, sent=sent)
+    rendered = adapter.render(request=request)
+    assert rendered.text == text
+    assert rendered.token_ids == ids
+
+
+@pytest.mark.parametrize("case", sorted(ERROR_CASES))
+def test_error_results_match_tml_renderers_as_sent(qwen3: Qwen3Adapter, case: str) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("tml_renderers")
+    request, sent = ERROR_CASES[case]
+    messages, tools = to_chat_messages(request)
+    assert qwen3.render(request=request).token_ids == tml_qwen3_ids(as_sent(messages, sent), tools)
 
 
 def test_qwen3_matches_tml_renderers(qwen3: Qwen3Adapter) -> None:
@@ -402,7 +441,7 @@ def test_anthropic_to_template_messages() -> None:
         "function": {"name": "Bash", "description": BASH["description"], "parameters": BASH["input_schema"]},
     }
     messages, _ = to_chat_messages(CASES["tool_result_error_and_empty"])
-    assert [m["content"] for m in messages if m["role"] == "tool"] == ["Error: Exit code 1", ""]
+    assert [m["content"] for m in messages if m["role"] == "tool"] == ["Exit code 1", ""]
     messages, _ = to_chat_messages(CASES["images_as_notes"])
     assert messages[1]["content"] == (
         "[image: image/png, 1032 bytes omitted]\n[image: https://example.com/cat.jpg]\nwhat is this?"

@@ -255,7 +255,7 @@ def test_sample_ids(load: Any, family: str) -> None:
 
 
 def test_aliases_load_the_same_tokenizer(load: Any) -> None:
-    assert load("deepseek-r1") is load("deepseek-v3")
+    assert load("deepseek-r1") is load("deepseek-v3") is load("deepseek-v3.1")
     assert load("glm-4.6") is load("glm-4.5")
     assert T.canonical_family("glm-4.6") == "glm-4.5"
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import logging
 from pathlib import Path
 
 import pytest
@@ -76,3 +78,121 @@ def test_without_model_socket_nothing_listens() -> None:
             assert "unreachable" in result.stdout and result.stdout.split()[1:] == ["hooks", "observed"], result.stdout
 
     run(main())
+
+
+# A hostile sandbox: many connections at once, or a flood of failing ones.
+
+HOLDER = r"""
+import socket, sys
+n, marker = int(sys.argv[1]), sys.argv[2]
+socks = []
+for i in range(n):
+    s = socket.create_connection(("127.0.0.1", 18080), timeout=60)
+    s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: m\r\n\r\n")
+    socks.append(s)
+open(marker, "w").close()  # every connection is open (most of them waiting for a slot)
+served = 0
+for s in socks:
+    s.settimeout(120)
+    data = b""
+    while chunk := s.recv(65536):
+        data += chunk
+    served += b"hello from the proxy" in data
+print(served)
+"""
+
+
+async def _counting_proxy(path: Path, release: asyncio.Event, counts: dict[str, int]) -> asyncio.Server:
+    """A stand-in proxy that holds every request until `release`, counting connections at once."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        counts["active"] += 1
+        counts["max"] = max(counts["max"], counts["active"])
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            await release.wait()
+            payload = b"hello from the proxy"
+            writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n")
+            writer.write(f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+            await writer.drain()
+        finally:
+            counts["active"] -= 1
+            writer.close()
+
+    return await asyncio.start_unix_server(handle, path=str(path))
+
+
+async def _until(predicate: object, what: str, *, tries: int = 1200) -> None:
+    for _ in range(tries):  # a bound on waiting, not a measure of speed
+        if predicate():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+def test_the_bridge_forwards_at_most_its_bound_and_the_rest_wait(tmp_path: Path) -> None:
+    socket_path = tmp_path / "proxy.sock"
+    bound, opened = 4, 60
+
+    async def main() -> None:
+        release = asyncio.Event()
+        counts = {"active": 0, "max": 0}
+        server = await _counting_proxy(socket_path, release, counts)
+        try:
+            async with started_sandbox(model_socket=socket_path, model_max_connections=bound) as sb:
+                (sb.host_path("/tmp") / "holder.py").write_text(HOLDER)
+                marker = sb.host_path("/tmp/all-open")
+                holder = asyncio.ensure_future(sb.exec(f"python3 /tmp/holder.py {opened} /tmp/all-open"))
+                await _until(lambda: marker.exists() or holder.done(), "the sandbox to open its connections")
+                await _until(lambda: counts["active"] == bound, "the bridge to fill its slots")
+                assert counts["max"] == bound  # 60 open, 4 forwarded
+                release.set()
+                result = await holder
+                assert result.return_code == 0, result.stderr
+                assert result.stdout.strip() == str(opened)  # the waiting ones were served, none lost
+                assert counts["max"] == bound
+        finally:
+            server.close()
+
+    run(main())
+
+
+FLOOD = r"""
+import socket, sys
+for i in range(int(sys.argv[1])):
+    s = socket.create_connection(("127.0.0.1", 18080), timeout=60)
+    s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: m\r\n\r\n")
+    s.settimeout(60)
+    try:
+        assert s.recv(100) == b""  # the bridge closes: the proxy is unreachable
+    except ConnectionResetError:
+        pass  # closed with the request unread
+    s.close()
+print("done")
+"""
+
+
+def test_a_flood_of_failing_connections_logs_a_few_lines(tmp_path: Path) -> None:
+    """The proxy is down: every connection fails upstream, and the bridge says so a few times."""
+    from apps.core.logfold import RepeatFolder
+    from apps.runs.sandbox import bridge
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    (folder,) = [f for f in bridge.logger.filters if isinstance(f, RepeatFolder)]
+    folder._windows.clear()  # a fresh window, whatever ran before
+    bridge.logger.addHandler(handler)
+
+    async def main() -> None:
+        async with started_sandbox(model_socket=tmp_path / "missing.sock", model_max_connections=8) as sb:
+            (sb.host_path("/tmp") / "flood.py").write_text(FLOOD)
+            result = await sb.exec("python3 /tmp/flood.py 2000")
+            assert result.stdout.strip() == "done", result.stderr
+
+    try:
+        run(main())
+    finally:
+        bridge.logger.removeHandler(handler)
+    logged = out.getvalue()
+    assert logged.count("cannot reach the model proxy") == 5
+    assert len(logged.encode()) < 2_000

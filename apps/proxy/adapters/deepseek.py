@@ -11,7 +11,8 @@ revised tokenizer_config.json show exactly that one-line difference. This adapte
 that CURRENT R1 REVISION: the vendored template with the generation prompt
 "<｜Assistant｜><think>\\n". tml-renderers' DeepSeekR1 (an independent implementation)
 produces the same generation prompt. The V3.1 template (also vendored) is a different,
-hybrid format ("</think>" prefixes, another tool-call syntax) and is not used.
+hybrid format ("</think>" prefixes, another tool-call syntax): family deepseek-v3.1
+(deepseek_v31.py).
 
 Format (R1):
     <｜begin▁of▁sentence｜>{system prompts, joined "\\n\\n"}{tools section}

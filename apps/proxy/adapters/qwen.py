@@ -12,7 +12,8 @@ Mapping Anthropic -> template messages (`to_chat_messages`):
 - user text blocks (joined with "\\n", like vLLM's OpenAI content parts) -> a user message;
   images and other non-text blocks -> a short text note, e.g. "[image: image/png, 5120 bytes
   omitted]"; each tool_result -> a `tool` message (the template groups consecutive ones into
-  one user turn of <tool_response> blocks); is_error prefixes "Error: ".
+  one user turn of <tool_response> blocks) holding exactly the text the harness sent,
+  is_error or not (the official templates have no error flag and add no marker).
 - assistant thinking blocks -> reasoning_content; text -> content; tool_use ->
   tool_calls (arguments serialized by the template's tojson); redacted_thinking is dropped
   (its data is opaque).
@@ -121,16 +122,13 @@ def _system_text(system: Any) -> str:
 
 def _tool_result_text(block: dict[str, Any]) -> str:
     content = block.get("content")
+    # is_error changes nothing: every official template renders an error result like any
+    # other, and harnesses already say so in the text (Claude Code's "<tool_use_error>...").
     if content is None:
-        text = ""
-    elif isinstance(content, str):
-        text = content
-    else:
-        text = "\n".join(t for b in content if (t := _block_text(b)) is not None)
-    if block.get("is_error") and not text.startswith(("Error", "<tool_use_error>")):
-        # The template has no error flag; say it in the text, once.
-        text = "Error: " + text
-    return text
+        return ""
+    if isinstance(content, str):
+        return content
+    return "\n".join(t for b in content if (t := _block_text(b)) is not None)
 
 
 def _tool_spec(tool: dict[str, Any]) -> dict[str, Any] | None:

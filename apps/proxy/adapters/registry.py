@@ -1,7 +1,7 @@
 """Family name -> adapter class, and cached adapters with their provisioned tokenizers.
 
-Each family module's adapter class is listed in ADAPTERS. Aliases (deepseek-r1, glm-4.6) resolve to the
-tokenizer family in apps.proxy.tokenizers but may map to their own adapter class here.
+Each family module's adapter class is listed in ADAPTERS. Aliases (deepseek-r1, deepseek-v3.1, glm-4.6)
+resolve to the tokenizer family in apps.proxy.tokenizers but may map to their own adapter class here.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import threading
 
 from apps.proxy.adapters.base import ChatAdapter
 from apps.proxy.adapters.deepseek import DeepSeekAdapter
+from apps.proxy.adapters.deepseek_v31 import DeepSeekV31Adapter
 from apps.proxy.adapters.glm import GlmAdapter
 from apps.proxy.adapters.kimi import KimiK2Adapter
 from apps.proxy.adapters.qwen import Qwen3Adapter, Qwen25Adapter
@@ -20,6 +21,7 @@ ADAPTERS: dict[str, type[ChatAdapter]] = {
     "qwen2.5": Qwen25Adapter,
     "deepseek-v3": DeepSeekAdapter,
     "deepseek-r1": DeepSeekAdapter,
+    "deepseek-v3.1": DeepSeekV31Adapter,
     "kimi-k2": KimiK2Adapter,
     "glm-4.5": GlmAdapter,
     "glm-4.6": GlmAdapter,

@@ -17,8 +17,8 @@ each chunk's ids. That makes two things cheap and exact:
   bounded; a miss falls back to the canonical rendering (what the official template gives).
 
 The Anthropic -> template-message mapping is the Qwen adapter's `to_chat_messages`, so all
-families agree on how system blocks, user text blocks, images, tool results (is_error) and
-thinking blocks are turned into template input.
+families agree on how system blocks, user text blocks, images, tool results (their text as
+sent, is_error or not) and thinking blocks are turned into template input.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from harbor.models.trial.config import ResourceMode
 from harbor.models.trial.paths import TrialPaths
 from pydantic import Field
 
+from apps.runs.sandbox.bridge import DEFAULT_MAX_CONNECTIONS
 from apps.runs.sandbox.build import apply_build
 from apps.runs.sandbox.buildcache import DEFAULT_KEEP, BuildCache
 from apps.runs.sandbox.cgroups import detect_hierarchies, make_plan
@@ -130,6 +131,9 @@ class LocalSandboxOptions(EnvironmentOptions):
         default=None, description="Unix socket of the model proxy; bridged to 127.0.0.1:model_port inside."
     )
     model_port: int = Field(default=DEFAULT_MODEL_PORT, ge=1, le=65535)
+    model_max_connections: int = Field(
+        default=DEFAULT_MAX_CONNECTIONS, ge=1, description="Connections the bridge forwards at once (more wait)."
+    )
     sandbox_root: str | None = Field(default=None, description="Host directory holding the sandboxes.")
     sandbox_uid: int | None = Field(default=None, ge=1, description="Host uid mapped to root inside (when root).")
     pids_max: int | None = Field(default=DEFAULT_PIDS_MAX, ge=8)
@@ -325,6 +329,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
             limits=self._limits(),
             model_socket=Path(opts.model_socket) if opts.model_socket else None,
             model_port=opts.model_port,
+            model_max_connections=opts.model_max_connections,
             sandbox_uid=opts.sandbox_uid,
             host_dirs=self._host_dirs,
             extra_ro_binds=opts.extra_ro_binds,

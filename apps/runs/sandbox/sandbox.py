@@ -72,7 +72,7 @@ from pathlib import Path
 from typing import Literal
 
 from apps.runs.sandbox import hostfs
-from apps.runs.sandbox.bridge import ModelBridge
+from apps.runs.sandbox.bridge import DEFAULT_MAX_CONNECTIONS, ModelBridge
 from apps.runs.sandbox.cgroups import SandboxCgroup, detect_hierarchies, make_plan
 from apps.runs.sandbox.dns import RESOLV_CONF, DnsRecorder
 
@@ -338,6 +338,7 @@ class Sandbox:
         limits: SandboxLimits | None = None,
         model_socket: Path | None = None,
         model_port: int = DEFAULT_MODEL_PORT,
+        model_max_connections: int = DEFAULT_MAX_CONNECTIONS,
         sandbox_uid: int | None = None,
         host_dirs: Sequence[str] = DEFAULT_HOST_DIRS,
         extra_ro_binds: Sequence[str] = (),
@@ -358,6 +359,7 @@ class Sandbox:
         self.limits = limits or SandboxLimits()
         self.model_socket = Path(model_socket) if model_socket else None
         self.model_port = int(model_port)
+        self.model_max_connections = int(model_max_connections)
         self.host_dirs = tuple(d.strip("/") for d in host_dirs)
         self.extra_ro_binds = tuple(extra_ro_binds)
         self.storage_backend = storage_backend
@@ -421,7 +423,7 @@ class Sandbox:
             if not self.model_socket.exists():
                 # Not fatal: the proxy may come up later; each connection is then retried.
                 self.log.warning("sandbox %s: model socket %s does not exist (yet)", self.name, self.model_socket)
-            self._bridge = ModelBridge(self.model_socket)
+            self._bridge = ModelBridge(self.model_socket, max_connections=self.model_max_connections)
             (self.path / "sock").mkdir(mode=0o755)
             await self._bridge.serve_unix(self.path / "sock" / "model.sock")
         self._setup_cgroup()

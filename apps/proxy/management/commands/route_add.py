@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.core.errors import ServiceError
+from apps.proxy.adapters.registry import ADAPTERS
 from apps.proxy.models import ModelRoute
 from apps.proxy.services import DEFAULT_ROUTE, route_upsert
 
@@ -23,7 +24,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name", nargs="?", help="route name (what requests send as model)")
         parser.add_argument("--default", action="store_true", help="the embedded default route")
-        parser.add_argument("--family", help="adapter family key, e.g. qwen3")
+        parser.add_argument("--family", help=f"adapter family: {', '.join(sorted(ADAPTERS))}")
         parser.add_argument("--tokenizer", help="tokenizer directory name (default: the family)")
         parser.add_argument("--context-window", type=int)
         parser.add_argument("--max-output", type=int)

@@ -1,0 +1,156 @@
+"""The proxy process's ASGI application answers the model API and health, and nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from django.urls import Resolver404, resolve
+
+from synth_project.proxy_asgi import application, path_is_model_api
+
+
+async def _call(
+    path: str, *, raw_path: bytes | None = None, host: bytes = b"proxy", root_path: str = "", kind: str = "http"
+) -> list[dict[str, Any]]:
+    scope = {
+        "type": kind,
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": raw_path if raw_path is not None else path.encode(),
+        "query_string": b"",
+        "root_path": root_path,
+        "headers": [(b"host", host)],
+        "client": ("127.0.0.1", 40000),
+        "server": ("proxy", 80),
+    }
+    sent: list[dict[str, Any]] = []
+    requested = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal requested
+        if not requested:
+            requested = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await asyncio.Event().wait()  # no disconnect: the handler stops listening when done
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await application(scope, receive, send)
+    return sent
+
+
+def call(path: str, **kwargs: Any) -> tuple[int, dict[bytes, bytes], Any]:
+    sent = asyncio.run(_call(path, **kwargs))
+    start = sent[0]
+    assert start["type"] == "http.response.start"
+    body = b"".join(m.get("body", b"") for m in sent[1:])
+    return start["status"], dict(start["headers"]), json.loads(body)
+
+
+def assert_anthropic_404(status: int, headers: dict[bytes, bytes], body: Any) -> None:
+    assert status == 404
+    assert headers[b"content-type"].startswith(b"application/json")
+    assert body["type"] == "error" and body["error"]["type"] == "not_found_error"
+    assert body["request_id"].startswith("req_") and headers[b"request-id"] == body["request_id"].encode()
+
+
+BLOCKED = [
+    "/",
+    "/admin/",
+    "/admin/login/",
+    "/api/runs",
+    "/api/docs/",
+    "/api/schema/",
+    "/static/admin/css/base.css",
+    "//admin/",
+    "//v1/models",
+    "/v1",
+    "/v1/",
+    "/v1//models",
+    "/v1/../admin/",
+    "/v1/./models",
+    "/v1/models/..",
+    "/v1\\..\\admin/",
+    "/v1/models\x00",
+    "/v1/models\r\nHost: admin",
+    "/V1/models",
+    "/healthz/",
+    "/healthz/../admin/",
+]
+
+
+@pytest.mark.parametrize("path", BLOCKED)
+def test_other_paths_are_an_anthropic_404_before_django(path: str) -> None:
+    assert not path_is_model_api(path=path)
+    assert_anthropic_404(*call(path))
+
+
+def test_percent_encoded_tricks_are_checked_as_decoded() -> None:
+    # The server decodes the target before the application sees it; the check reads the same
+    # decoded path Django would route on.
+    assert_anthropic_404(*call("/v1/../admin/", raw_path=b"/v1/%2e%2e/admin/"))
+    assert_anthropic_404(*call("/admin/", raw_path=b"/%61dmin/"))
+    assert_anthropic_404(*call("/v1/%2e%2e/admin/", raw_path=b"/v1/%252e%252e/admin/"))  # reaches /v1's 404
+
+
+def test_the_host_header_changes_nothing() -> None:
+    assert_anthropic_404(*call("/admin/", host=b"admin.internal"))
+    status, _headers, body = call("/v1/no-such-endpoint", host=b"admin.internal")
+    assert status == 404 and "/v1/no-such-endpoint" in body["error"]["message"]
+
+
+def test_model_paths_reach_the_proxy_views() -> None:
+    assert path_is_model_api(path="/v1/messages") and path_is_model_api(path="/v1/models/claude-sonnet-4-5")
+    assert path_is_model_api(path="/v1/models/Qwen/Qwen3-8B")  # route names may hold a slash
+    status, _headers, body = call("/v1/no-such-endpoint")
+    assert status == 404 and body["error"]["message"] == "GET /v1/no-such-endpoint does not exist"
+    status, _headers, body = call("/v1/models")  # no credential: the proxy's own 401
+    assert status == 401 and body["error"]["type"] == "authentication_error"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_health_answers() -> None:
+    status, _headers, body = call("/healthz")
+    assert status == 200 and body == {"ok": True}
+
+
+def test_a_root_path_is_taken_off_as_django_does() -> None:
+    assert_anthropic_404(*call("/base/admin/", root_path="/base"))
+    status, _headers, body = call("/base/v1/nope", root_path="/base")
+    assert status == 404 and body["error"]["message"] == "GET /v1/nope does not exist"  # /v1's own 404
+
+
+def test_websockets_are_refused_and_lifespan_is_answered() -> None:
+    sent = asyncio.run(_call("/v1/messages", kind="websocket"))
+    assert sent == [{"type": "websocket.close", "code": 1008}]
+
+    async def lifespan() -> list[dict[str, Any]]:
+        messages = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
+        out: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return next(messages)
+
+        async def send(message: dict[str, Any]) -> None:
+            out.append(message)
+
+        await application({"type": "lifespan"}, receive, send)
+        return out
+
+    assert asyncio.run(lifespan()) == [{"type": "lifespan.startup.complete"}, {"type": "lifespan.shutdown.complete"}]
+
+
+def test_the_proxy_urlconf_holds_only_the_model_api() -> None:
+    for path in ["/admin/", "/api/runs", "/api/docs/", "/healthz/"]:
+        with pytest.raises(Resolver404):
+            resolve(path, urlconf="synth_project.proxy_urls")
+    assert resolve("/v1/messages", urlconf="synth_project.proxy_urls").url_name == "v1-messages"
+    assert resolve("/healthz", urlconf="synth_project.proxy_urls").url_name == "healthz"
