@@ -61,6 +61,9 @@ _TAIL_CHARS = 3000
 _OUTPUT_MAX_BYTES = 1 << 20
 # A POSIX shell's report of a missing command in a test script (dash, or bash without the hook).
 _NOT_FOUND = re.compile(r"^/tests/\S+: (?:line )?\d+: (\S+): (?:command )?not found$", re.MULTILINE)
+# `python -m TOOL` without TOOL installed (not an ImportError of the agent's code, which a
+# traceback reports as ModuleNotFoundError).
+_NO_MODULE = re.compile(r"^\S*python[\d.]*: No module named (\S+)$", re.MULTILINE)
 # Run as root in a non-local environment: every process but the shell and PID 1.
 _KILL_ALL = "kill -KILL -1 2>/dev/null; true"
 
@@ -113,7 +116,8 @@ class TrialBoundary:
             return None
         seen = trial_observations(trial_dir=self.trial_dir, phase="verifier")
         output = _verifier_output(self.trial_dir)
-        missing = list(dict.fromkeys([*seen.missing_commands, *_NOT_FOUND.findall(output)]))
+        modules = [f"python -m {m}" for m in _NO_MODULE.findall(output)]
+        missing = list(dict.fromkeys([*seen.missing_commands, *_NOT_FOUND.findall(output), *modules]))
         causes = []
         if seen.network:
             causes.append(

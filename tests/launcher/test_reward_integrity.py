@@ -176,6 +176,13 @@ def verifications(tmp_path_factory) -> dict[str, Attempt]:
             test_sh="#!/bin/sh\nsynth-grader --strict /app/out.txt\necho 0 > /logs/verifier/reward.txt\n",
         ),
         "no-reward": _task(root, "no-reward", test_sh="#!/bin/bash\necho 'checking'; exit 3\n"),
+        # The host's python has no pytest: the 0 would say nothing about the work.
+        "missing-module": _task(
+            root,
+            "missing-module",
+            test_sh="#!/bin/bash\npython3 -m pytest /tests && echo 1 > /logs/verifier/reward.txt "
+            "|| echo 0 > /logs/verifier/reward.txt\n",
+        ),
         # Harbor's shared-mode template installs its tools from the network.
         "network": _harbor_template(root, mode="shared"),
     }
@@ -195,6 +202,8 @@ def test_a_verifier_that_needs_the_network_is_an_error_not_a_zero(verifications)
 def test_a_verifier_missing_a_tool_or_a_reward_is_an_error(verifications):
     missing = verifications["missing-tool"].failure
     assert missing is not None and "synth-grader" in missing and verifications["missing-tool"].reward == 0.0
+    module = verifications["missing-module"].failure
+    assert module is not None and "python -m pytest" in module, module
     no_reward = verifications["no-reward"].failure
     assert no_reward is not None and no_reward.startswith("RewardFileNotFoundError") and "checking" in no_reward
 
@@ -292,3 +301,22 @@ def test_tests_and_solution_are_out_of_reach_during_the_agent_phase(tmp_path):
     seen = (out.trial_dir / "artifacts" / "workdir" / "seen.txt").read_text().split()
     assert sorted(seen) == ["/solution:", "/tests:"], seen  # both empty, and no copy anywhere else
     assert out.reward == 0.0
+
+
+def test_the_harbor_templates_as_written(tmp_path):
+    """`harbor task init` in shared mode, its blanks filled with a verifier that needs no
+    network, reaches reward 1 with its solution (the separate mode: tests/sandbox/
+    test_dockerfile_build.py); its pytest template for separate mode copies a tool from another
+    image, which the local sandbox refuses by name before anything runs."""
+    from apps.runs.sandbox.support import check_task_supported
+
+    shared = _harbor_template(tmp_path / "shared", mode="shared")
+    (shared / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nif python3 -c 'import sys; sys.path[:0] = [\"/tests\"]; import test_outputs as t; t.test_outputs()';"
+        " then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n"
+    )
+    (out,) = run_all(one={"task_dir": shared, "trials_dir": tmp_path / "trials", "recipe": ORACLE}).values()
+    assert out.reward == 1.0 and out.failure is None, (out.failure, out.result.exception_info)
+    separate = _harbor_template(tmp_path / "separate", mode="separate")
+    problem = check_task_supported(separate)
+    assert problem is not None and "COPY --from" in problem, problem
