@@ -745,15 +745,20 @@ def _sweep_dead_updates(*, now: datetime, limit: int) -> int:
     for update in candidates:
         if not _holder_gone(update=update, now=now):
             continue
-        trainer = Trainer.objects.get(run_id=update.run_id)
         seen = f"{int((now - update.heartbeat_at).total_seconds())} s ago" if update.heartbeat_at else "never"
         error = (
             f"the training worker applying step {update.step} ({update.holder or 'unknown'}) stopped heartbeating "
             f"(last heard {seen}) with its optimizer step in flight: the weights are unknown; continue from the "
             "last checkpoint with a new train run"
         )
-        sweep_note(run_id=update.run_id, action="update_blocked", why=error)
-        _update_fail(update=update, trainer=trainer, error=error, blocked=True)
+        with transaction.atomic():
+            # Under the run and trainer locks, so that two overlapping ticks block it once.
+            list(Run.objects.select_for_update().filter(pk=update.run_id).values_list("pk", flat=True))
+            trainer = Trainer.objects.select_for_update().get(run_id=update.run_id)
+            if trainer.status != TrainerStatus.UPDATING or trainer.step != update.step:
+                continue
+            sweep_note(run_id=update.run_id, action="update_blocked", why=error)
+            _update_fail(update=update, trainer=trainer, error=error, blocked=True)
         blocked += 1
     return blocked
 
