@@ -44,8 +44,8 @@ def process_alive(identity: str) -> bool | None:
     if len(parts) != 4:
         return None
     host, boot, pid, start = parts
-    if host != socket.gethostname():
-        return None
+    if host != socket.gethostname() or start == "0":
+        return None  # another host's, or recorded where /proc could not tell a start time
     if boot != _boot_id() or not pid.isdigit():
         return False
     return _start_ticks(int(pid)) == start

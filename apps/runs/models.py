@@ -166,7 +166,7 @@ class LeaseWrite(models.Model):
 
 class GroupStatus(models.TextChoices):
     PENDING = "pending"
-    RUNNING = "running"
+    RUNNING = "running"  # a worker claimed one of its trials
     SETTLED = "settled"  # every trial ended (assessed, failed, lost or cancelled)
 
 

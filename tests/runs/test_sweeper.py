@@ -54,7 +54,9 @@ def running(member, inputs, **plan) -> Run:
 
 
 def notes(run_id: str) -> list[dict]:
-    return list(RunEvent.objects.filter(run_id=run_id, type="sweep.redriven").order_by("seq").values_list("data", flat=True))
+    return list(
+        RunEvent.objects.filter(run_id=run_id, type="sweep.redriven").order_by("seq").values_list("data", flat=True)
+    )
 
 
 def types(run_id: str) -> list[str]:
