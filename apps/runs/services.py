@@ -509,6 +509,8 @@ def lease_complete(
         raise ValidationFailed("outcome must be succeeded, failed or cancelled", field="outcome")
     with transaction.atomic():
         run, lease = _locked_active_lease(lease_id=lease_id, fence=fence, worker=worker)
+        if lease.unit.startswith("trial:"):
+            raise Conflict(f"lease {lease.id} holds one trial: it ends with that trial, not with the run")
         lease_transition(lease=lease, to=LeaseStatus.COMPLETED, event="lease.completed")
         summary = summary or {}
         run_transition(
@@ -527,8 +529,22 @@ def lease_release(*, worker: WorkerIdentity, lease_id: str, fence: int, reason: 
     with transaction.atomic():
         run, lease = _locked_active_lease(lease_id=lease_id, fence=fence, worker=worker)
         lease_transition(lease=lease, to=LeaseStatus.RELEASED, event="lease.released", data={"reason": reason})
-        _return_to_queue(run=run)
+        _work_return(run=run, lease=lease, why="its lease was released")
     return run
+
+
+def _work_return(*, run: Run, lease: Lease, why: str) -> None:
+    """What a lease held goes back when the lease ends without an outcome: its reservations
+    are released, a trial is requeued (or lost, or cancelled), a whole run queued again."""
+    from apps.runs.admission import reservations_release
+
+    reservations_release(lease=lease, why=why)
+    if lease.unit.startswith("trial:"):
+        from apps.runs.execution import trial_lease_lapsed
+
+        trial_lease_lapsed(run=run, lease=lease)
+    else:
+        _return_to_queue(run=run)
 
 
 def _return_to_queue(*, run: Run) -> None:
@@ -559,16 +575,8 @@ def lease_lapse(*, run: Run, lease: Lease, now: Any) -> bool:
         where={"expires_at__lte": now},
     ):
         return False
-    from apps.runs.admission import reservations_release
-
-    reservations_release(lease=lease, why="its lease expired")
-    if lease.unit.startswith("trial:"):
-        # A trial's worker vanished: retry or lose the trial, per the plan.
-        from apps.runs.execution import trial_lease_lapsed
-
-        trial_lease_lapsed(run=run, lease=lease)
-    else:
-        _return_to_queue(run=run)
+    # A trial's worker vanished: retry or lose the trial, per the plan.
+    _work_return(run=run, lease=lease, why="its lease expired")
     return True
 
 
