@@ -23,7 +23,7 @@ def _boot_id() -> str:
         return "noboot"
 
 
-def _start_ticks(pid: int) -> str | None:
+def _start_ticks(*, pid: int) -> str | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -35,10 +35,10 @@ def _start_ticks(pid: int) -> str | None:
 def process_identity() -> str:
     """This process, as ``host/boot/pid/start`` (not cached: a forked child is another)."""
     pid = os.getpid()
-    return f"{socket.gethostname()}/{_boot_id()}/{pid}/{_start_ticks(pid) or '0'}"
+    return f"{socket.gethostname()}/{_boot_id()}/{pid}/{_start_ticks(pid=pid) or '0'}"
 
 
-def process_alive(identity: str) -> bool | None:
+def process_alive(*, identity: str) -> bool | None:
     """True or False for a holder on this host; None when it is another host's (unknown)."""
     parts = identity.split("/")
     if len(parts) != 4:
@@ -48,4 +48,4 @@ def process_alive(identity: str) -> bool | None:
         return None  # another host's, or recorded where /proc could not tell a start time
     if boot != _boot_id() or not pid.isdigit():
         return False
-    return _start_ticks(int(pid)) == start
+    return _start_ticks(pid=int(pid)) == start

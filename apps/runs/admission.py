@@ -185,7 +185,7 @@ def node_orphans_release(*, node_name: str) -> int:
     host (or of unknown liveness) are left to their leases."""
     released = 0
     for reservation in Reservation.objects.filter(node_id=node_name, status__in=OPEN).exclude(holder=""):
-        if process_alive(reservation.holder) is False:
+        if process_alive(identity=reservation.holder) is False:
             released += reservation_transition(
                 reservation=reservation,
                 to=ReservationStatus.RELEASED,

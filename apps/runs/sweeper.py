@@ -88,7 +88,7 @@ def _grace() -> timedelta:
     return timedelta(seconds=settings.SYNTH_SWEEP_GRACE_SECONDS)
 
 
-def _each(counts: dict[str, int], what: str, items: list[Any], redrive: Callable[[Any], int]) -> None:
+def _each(*, counts: dict[str, int], what: str, items: list[Any], redrive: Callable[[Any], int]) -> None:
     """Re-drive each item (``redrive`` returns how many records it moved); one that fails
     is logged and left for the next tick, the rest go on."""
     for item in items:
@@ -106,15 +106,15 @@ def sweep_tick(*, now: datetime | None = None, limit: int | None = None) -> dict
     now = now or timezone.now()
     limit = limit or settings.SYNTH_SWEEP_BATCH
     counts: dict[str, int] = {}
-    _leases(counts, now=now, limit=limit)
-    _reservations(counts, limit=limit)
-    _runs_accepted(counts, now=now, limit=limit)
-    _runs_queued(counts, now=now, limit=min(limit, DISPATCHES_PER_TICK))
-    _runs_cancelling(counts, now=now, limit=limit)
-    _trials_lost_messages(counts, now=now, limit=limit)
-    _trials_never_handed_over(counts, limit=limit)
-    _groups_ended(counts, limit=limit)
-    _runs_ended(counts, limit=limit)
+    _leases(counts=counts, now=now, limit=limit)
+    _reservations(counts=counts, limit=limit)
+    _runs_accepted(counts=counts, now=now, limit=limit)
+    _runs_queued(counts=counts, now=now, limit=min(limit, DISPATCHES_PER_TICK))
+    _runs_cancelling(counts=counts, now=now, limit=limit)
+    _trials_lost_messages(counts=counts, now=now, limit=limit)
+    _trials_never_handed_over(counts=counts, limit=limit)
+    _groups_ended(counts=counts, limit=limit)
+    _runs_ended(counts=counts, limit=limit)
     for _receiver, result in signals.sweep_tick.send_robust(sender=Run, now=now, limit=limit):
         if isinstance(result, Exception):
             logger.error("sweep: a receiver failed: %r", result)
@@ -130,7 +130,7 @@ def sweep_tick(*, now: datetime | None = None, limit: int | None = None) -> dict
 # --------------------------------------------------------------------------- dead processes
 
 
-def _leases(counts: dict[str, int], *, now: datetime, limit: int) -> None:
+def _leases(*, counts: dict[str, int], now: datetime, limit: int) -> None:
     from apps.runs.services import leases_reap
 
     by_run: dict[str, list[str]] = defaultdict(list)
@@ -142,7 +142,7 @@ def _leases(counts: dict[str, int], *, now: datetime, limit: int) -> None:
         counts["leases_expired"] = sum(len(ids) for ids in by_run.values())
 
 
-def _reservations(counts: dict[str, int], *, limit: int) -> None:
+def _reservations(*, counts: dict[str, int], limit: int) -> None:
     """Reservations still open although their lease or their trial has ended (a holder that
     died between ending its trial and releasing, a lease that ended outside the reaper)."""
     from apps.runs.admission import admission_release
@@ -160,13 +160,13 @@ def _reservations(counts: dict[str, int], *, limit: int) -> None:
     def release(reservation: Reservation) -> bool:
         return admission_release(reservation=reservation, why="its lease or trial had ended (sweep)")
 
-    _each(counts, "reservations_released", stale, release)
+    _each(counts=counts, what="reservations_released", items=stale, redrive=release)
 
 
 # --------------------------------------------------------------------------- lost messages
 
 
-def _runs_accepted(counts: dict[str, int], *, now: datetime, limit: int) -> None:
+def _runs_accepted(*, counts: dict[str, int], now: datetime, limit: int) -> None:
     from apps.runs.services import run_schedule
 
     stuck = list(
@@ -183,10 +183,10 @@ def _runs_accepted(counts: dict[str, int], *, now: datetime, limit: int) -> None
             redrive=lambda: run_schedule(run_id=run_id).status != RunStatus.ACCEPTED,
         )
 
-    _each(counts, "runs_scheduled", stuck, schedule)
+    _each(counts=counts, what="runs_scheduled", items=stuck, redrive=schedule)
 
 
-def _runs_queued(counts: dict[str, int], *, now: datetime, limit: int) -> None:
+def _runs_queued(*, counts: dict[str, int], now: datetime, limit: int) -> None:
     from apps.runs.execution import run_dispatch
 
     stuck = list(
@@ -209,10 +209,10 @@ def _runs_queued(counts: dict[str, int], *, now: datetime, limit: int) -> None:
             redrive=redrive,
         )
 
-    _each(counts, "runs_dispatched", stuck, dispatch)
+    _each(counts=counts, what="runs_dispatched", items=stuck, redrive=dispatch)
 
 
-def _runs_cancelling(counts: dict[str, int], *, now: datetime, limit: int) -> None:
+def _runs_cancelling(*, counts: dict[str, int], now: datetime, limit: int) -> None:
     from apps.runs.execution import run_cancel_settle
 
     stuck = list(
@@ -235,10 +235,10 @@ def _runs_cancelling(counts: dict[str, int], *, now: datetime, limit: int) -> No
         run_cancel_settle(run_id=run_id, max_batches=4)
         return pending - Trial.objects.filter(run_id=run_id, status=TrialStatus.PENDING).count()
 
-    _each(counts, "trials_cancelled", stuck, settle)
+    _each(counts=counts, what="trials_cancelled", items=stuck, redrive=settle)
 
 
-def _trials_lost_messages(counts: dict[str, int], *, now: datetime, limit: int) -> None:
+def _trials_lost_messages(*, counts: dict[str, int], now: datetime, limit: int) -> None:
     """Pending trials handed to the trials queue long ago and never claimed: hand them over
     again (queued_at restarts, so each is handed over at most once per grace period)."""
     from apps.runs.tasks import trial_execute_task
@@ -279,10 +279,10 @@ def _trials_lost_messages(counts: dict[str, int], *, now: datetime, limit: int) 
             transaction.on_commit(lambda: [trial_execute_task.delay(tid) for tid in ids])
         return len(ids)
 
-    _each(counts, "trials_requeued", list(by_run), requeue)
+    _each(counts=counts, what="trials_requeued", items=list(by_run), redrive=requeue)
 
 
-def _trials_never_handed_over(counts: dict[str, int], *, limit: int) -> None:
+def _trials_never_handed_over(*, counts: dict[str, int], limit: int) -> None:
     """Running runs with trials never handed over while they have room: the enqueue that
     follows a trial's end (or requeue) was lost with its process."""
     from apps.runs.execution import trials_enqueue
@@ -306,13 +306,13 @@ def _trials_never_handed_over(counts: dict[str, int], *, limit: int) -> None:
                 )
         return len(ids)
 
-    _each(counts, "trials_handed_over", candidates, enqueue)
+    _each(counts=counts, what="trials_handed_over", items=candidates, redrive=enqueue)
 
 
 # --------------------------------------------------------------------------- unfinished settlements
 
 
-def _groups_ended(counts: dict[str, int], *, limit: int) -> None:
+def _groups_ended(*, counts: dict[str, int], limit: int) -> None:
     from apps.runs.execution import groups_settle_ended
 
     stuck = list(
@@ -344,10 +344,10 @@ def _groups_ended(counts: dict[str, int], *, limit: int) -> None:
             )
         return len(settled)
 
-    _each(counts, "groups_settled", list(by_run), settle)
+    _each(counts=counts, what="groups_settled", items=list(by_run), redrive=settle)
 
 
-def _runs_ended(counts: dict[str, int], *, limit: int) -> None:
+def _runs_ended(*, counts: dict[str, int], limit: int) -> None:
     from apps.runs.execution import _run_end_if_idle
 
     stuck = list(
@@ -372,4 +372,4 @@ def _runs_ended(counts: dict[str, int], *, limit: int) -> None:
             redrive=redrive,
         )
 
-    _each(counts, "runs_finished", stuck, finish)
+    _each(counts=counts, what="runs_finished", items=stuck, redrive=finish)

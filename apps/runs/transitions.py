@@ -101,7 +101,7 @@ RESERVATION_TRANSITIONS = TransitionTable(
 )
 
 
-def _run_lock(run_id: str) -> None:
+def _run_lock(*, run_id: str) -> None:
     list(Run.objects.select_for_update().filter(pk=run_id).values_list("pk", flat=True))
 
 
@@ -118,7 +118,7 @@ def _record(
     where: Mapping[str, Any] | None = None,
 ) -> bool:
     with transaction.atomic():
-        _run_lock(run_id)
+        _run_lock(run_id=run_id)
         if not table.claim(pk=obj.pk, to=to, source=source, values=values, where=where, instance=obj):
             return False
         event_append(run_id=run_id, type=event, data=data)
@@ -228,7 +228,7 @@ def trials_transition(
     (``data(trial_id)`` each). Returns the ids that moved."""
     sources = TRIAL_TRANSITIONS.sources_of(to=to, source=source)
     with transaction.atomic():
-        _run_lock(run_id)
+        _run_lock(run_id=run_id)
         moving = list(
             Trial.objects.select_for_update()
             .filter(run_id=run_id, pk__in=list(trial_ids), status__in=sources)
@@ -273,7 +273,7 @@ def groups_settle(*, run_id: str, summaries: Mapping[str, dict[str, Any]]) -> li
     moved, each with its ``group.settled`` event."""
     sources = GROUP_TRANSITIONS.sources_of(to=GroupStatus.SETTLED)
     with transaction.atomic():
-        _run_lock(run_id)
+        _run_lock(run_id=run_id)
         moving = list(
             SamplingGroup.objects.select_for_update()
             .filter(run_id=run_id, pk__in=list(summaries), status__in=sources)

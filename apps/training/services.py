@@ -151,7 +151,7 @@ def _update_take(*, update: LearningUpdate, holder: str) -> bool:
 def _holder_gone(*, update: LearningUpdate, now: datetime) -> bool:
     if update.heartbeat_at is None or update.heartbeat_at < now - _update_ttl():
         return True
-    return process_alive(update.holder) is False  # known dead on this host: no need to wait
+    return process_alive(identity=update.holder) is False  # known dead on this host: no need to wait
 
 
 class UpdateKeeper(threading.Thread):

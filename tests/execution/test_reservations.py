@@ -68,7 +68,7 @@ def dead_identity() -> str:
 def test_a_reservation_records_its_lease_and_holding_process(trials, node):
     lease, reservation = claimed(trials[0], node)
     assert reservation.lease_id == lease.id
-    assert reservation.holder == process_identity() and process_alive(reservation.holder) is True
+    assert reservation.holder == process_identity() and process_alive(identity=reservation.holder) is True
     assert admission_try(reservation=reservation) is True
     held = RunEvent.objects.get(run_id=trials[0].run_id, type="reservation.held")
     assert held.data == {"reservation": reservation.pk, "trial": trials[0].id, "node": "n1"}
@@ -128,7 +128,7 @@ def test_a_retried_trial_under_a_new_lease_gets_a_new_reservation(trials, node):
 
 def test_a_worker_starting_releases_what_no_live_process_holds(trials, node):
     dead = dead_identity()
-    assert process_alive(dead) is False
+    assert process_alive(identity=dead) is False
     orphan = Reservation.objects.create(node=node, trial=trials[0], holder=dead, status="held", **NEED.as_dict())
     mine = Reservation.objects.create(
         node=node, trial=trials[1], holder=process_identity(), status="held", **NEED.as_dict()
@@ -147,9 +147,9 @@ def test_a_worker_starting_releases_what_no_live_process_holds(trials, node):
 
 def test_process_identities():
     me = process_identity()
-    assert process_alive(me) is True
+    assert process_alive(identity=me) is True
     host, boot, pid, start = me.split("/")
-    assert process_alive(f"{host}/{boot}/{pid}/{int(start) + 1}") is False  # the pid, reused later
-    assert process_alive(f"{host}/other-boot/{pid}/{start}") is False  # before a reboot
-    assert process_alive(f"elsewhere/{boot}/{pid}/{start}") is None
-    assert process_alive("not an identity") is None
+    assert process_alive(identity=f"{host}/{boot}/{pid}/{int(start) + 1}") is False  # the pid, reused later
+    assert process_alive(identity=f"{host}/other-boot/{pid}/{start}") is False  # before a reboot
+    assert process_alive(identity=f"elsewhere/{boot}/{pid}/{start}") is None
+    assert process_alive(identity="not an identity") is None
