@@ -279,7 +279,9 @@ def step_settled(*, run_id: str, step: int) -> bool:
     """When every group of ``step`` has settled, move the trainer to updating and enqueue
     the step's update (once: True for the call that did it)."""
     with transaction.atomic():
-        trainer = Trainer.objects.select_for_update().select_related("run").filter(run_id=run_id).first()
+        # The run's row first, as everywhere (its trainer's move appends an event).
+        list(Run.objects.select_for_update().filter(pk=run_id).values_list("pk", flat=True))
+        trainer = Trainer.objects.select_for_update(of=("self",)).select_related("run").filter(run_id=run_id).first()
         if trainer is None or trainer.status != TrainerStatus.SAMPLING or trainer.step != step:
             return False
         if trainer.run.is_terminal:  # cancelled: the last trial finalized the run
