@@ -215,17 +215,34 @@ CELERY_TASK_SOFT_TIME_LIMIT = 60
 CELERY_TASK_TIME_LIMIT = 90
 CELERY_TASK_ALWAYS_EAGER = env_bool("SYNTH_CELERY_EAGER", False)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# One beat process schedules these (deploy/: `-B` on one control worker, or the one
+# scheduler pod). The sweep reaps lapsed leases and re-drives what lost messages and dead
+# processes left behind (apps.runs.sweeper); the evidence sweep republishes staged calls.
+SYNTH_SWEEP_INTERVAL = env_int("SYNTH_SWEEP_INTERVAL", 15)
 CELERY_BEAT_SCHEDULE = {
-    "reap-lapsed-leases": {
-        "task": "runs.lease_reap",
-        "schedule": timedelta(seconds=env_int("SYNTH_REAPER_INTERVAL", 15)),
-        "options": {"queue": "control"},
+    "sweep": {
+        "task": "runs.sweep",
+        "schedule": timedelta(seconds=SYNTH_SWEEP_INTERVAL),
+        "options": {"queue": "control", "expires": SYNTH_SWEEP_INTERVAL * 4},
+    },
+    "evidence-sweep": {
+        "task": "evidence.sweep",
+        "schedule": timedelta(seconds=env_int("SYNTH_EVIDENCE_SWEEP_INTERVAL", 60)),
+        "options": {"queue": "evidence", "expires": 240},
     },
 }
 
-# LEASES
+# LEASES AND THE SWEEPER
 # ------------------------------------------------------------------------------
+# A lease (a trial's, a whole run's) and a learning update's heartbeat lapse after this.
 SYNTH_LEASE_TTL_SECONDS = env_int("SYNTH_LEASE_TTL_SECONDS", 60)
+# How long a control-queue message (schedule, dispatch, cancel, training steps) may take
+# before the sweeper takes it as lost and does its work again (harmless if it was not).
+SYNTH_SWEEP_GRACE_SECONDS = env_int("SYNTH_SWEEP_GRACE_SECONDS", 60)
+# The same for a trial handed to the trials queue: longer, as trials may queue behind others.
+SYNTH_SWEEP_TRIAL_GRACE_SECONDS = env_int("SYNTH_SWEEP_TRIAL_GRACE_SECONDS", 300)
+# Records of each kind one sweep tick re-drives at most.
+SYNTH_SWEEP_BATCH = env_int("SYNTH_SWEEP_BATCH", 100)
 
 # LOGGING
 # ------------------------------------------------------------------------------

@@ -17,6 +17,12 @@ Staging first means a crash after the client got its answer can lose no evidence
 row exists, and the sweeper (``evidence.sweep``) re-enqueues staged rows whose publish
 message was lost. Publishing is idempotent: content addressing makes a second upload a
 no-op, and state changes are conditional updates.
+
+Each of delivery and integrity has its table of moves (`DELIVERY_TRANSITIONS`,
+`INTEGRITY_TRANSITIONS`) and one writer, `interaction_transition`. Their record is the row
+itself (delivered_at, published_at, verified_at are set by the same UPDATE) rather than a
+run event: a call need not belong to a run, and a run event per call would serialize a
+run's model calls on its row lock.
 """
 
 from __future__ import annotations
@@ -28,10 +34,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
 from django.utils import timezone
 
 from apps.core.canonical import canonical_bytes
+from apps.core.transitions import TransitionTable
 from apps.objects.selectors import object_get
 from apps.objects.services import object_put, object_read
 from apps.proxy.models import Delivery, Eligibility, Integrity, Interaction
@@ -42,6 +48,27 @@ PAYLOAD_FORMAT = "synth.interaction/1"
 PAYLOAD_CONTENT_TYPE = "application/json"
 # Staging happens after sampling, so only the streaming of parsed blocks remains.
 UNSETTLED_AFTER = timedelta(minutes=10)
+
+DELIVERY_TRANSITIONS = TransitionTable(
+    model=Interaction,
+    field="delivery",
+    moves={Delivery.PENDING: {Delivery.DELIVERED, Delivery.CLIENT_DISCONNECTED, Delivery.FAILED}},
+)
+INTEGRITY_TRANSITIONS = TransitionTable(
+    model=Interaction,
+    field="integrity",
+    moves={Integrity.STAGED: {Integrity.PUBLISHED}, Integrity.PUBLISHED: {Integrity.VERIFIED}},
+)
+TABLES = {"delivery": DELIVERY_TRANSITIONS, "integrity": INTEGRITY_TRANSITIONS}
+
+
+def interaction_transition(*, interaction_id: str, field: str, to: str, values: dict[str, Any] | None = None) -> bool:
+    """Move an interaction's delivery or integrity (a claim: False if another process got
+    there first or the move is not allowed from where it is)."""
+    moved = TABLES[field].claim(pk=interaction_id, to=to, values=values)
+    if moved:
+        logger.debug("interaction %s: %s -> %s", interaction_id, field, to)
+    return moved
 
 
 def finite_floats(values: list[Any]) -> tuple[list[float | None], bool]:
@@ -196,23 +223,27 @@ def _eligibility(interaction: Interaction, delivery: str) -> tuple[str, str]:
 def interaction_settle(*, interaction_id: str, delivery: str, error: str = "") -> None:
     """Record how delivery ended (once: a pending row only) and the eligibility that
     follows, then hand the row to the publisher."""
-    with transaction.atomic():
-        interaction = (
-            Interaction.objects.select_for_update()
-            .only("id", "principal_kind", "eligibility", "eligibility_reason", "delivery")
-            .filter(pk=interaction_id)
-            .first()
-        )
-        if interaction is None or interaction.delivery != Delivery.PENDING:
-            return
-        eligibility, reason = _eligibility(interaction, delivery)
-        Interaction.objects.filter(pk=interaction_id).update(
-            delivery=delivery,
-            delivery_error=error[:2000],
-            delivered_at=timezone.now() if delivery == Delivery.DELIVERED else None,
-            eligibility=eligibility,
-            eligibility_reason=reason,
-        )
+    # What eligibility depends on is fixed at staging: read without a lock, then claim.
+    interaction = (
+        Interaction.objects.only("id", "principal_kind", "role", "eligibility", "eligibility_reason", "delivery")
+        .filter(pk=interaction_id)
+        .first()
+    )
+    if interaction is None or interaction.delivery != Delivery.PENDING:
+        return
+    eligibility, reason = _eligibility(interaction, delivery)
+    if not interaction_transition(
+        interaction_id=interaction_id,
+        field="delivery",
+        to=delivery,
+        values={
+            "delivery_error": error[:2000],
+            "delivered_at": timezone.now() if delivery == Delivery.DELIVERED else None,
+            "eligibility": eligibility,
+            "eligibility_reason": reason,
+        },
+    ):
+        return
     publish_enqueue(interaction_id=interaction_id)
 
 
@@ -238,20 +269,27 @@ def interaction_publish(*, interaction_id: str) -> str:
             raise ValueError(f"{interaction_id} is staged without a payload")
         data = canonical_bytes(interaction.payload)
         obj = object_put(org=interaction.org, data=data, content_type=PAYLOAD_CONTENT_TYPE)
-        # Conditional: a concurrent publisher that got here first already did the same.
-        Interaction.objects.filter(pk=interaction_id, integrity=Integrity.STAGED).update(
-            integrity=Integrity.PUBLISHED,
-            payload_sha256=obj.sha256,
-            payload_size=obj.size,
-            published_at=timezone.now(),
-            payload=None,
+        # A claim: a concurrent publisher that got here first already did the same.
+        interaction_transition(
+            interaction_id=interaction_id,
+            field="integrity",
+            to=Integrity.PUBLISHED,
+            values={
+                "payload_sha256": obj.sha256,
+                "payload_size": obj.size,
+                "published_at": timezone.now(),
+                "payload": None,
+            },
         )
         interaction.refresh_from_db(fields=["integrity", "payload_sha256"])
     if interaction.integrity == Integrity.PUBLISHED:
         obj = object_get(org=interaction.org, sha256=interaction.payload_sha256)
         object_read(obj=obj)  # re-hashes the stored bytes; raises if they do not match
-        Interaction.objects.filter(pk=interaction_id, integrity=Integrity.PUBLISHED).update(
-            integrity=Integrity.VERIFIED, verified_at=timezone.now()
+        interaction_transition(
+            interaction_id=interaction_id,
+            field="integrity",
+            to=Integrity.VERIFIED,
+            values={"verified_at": timezone.now()},
         )
         return Integrity.VERIFIED
     return interaction.integrity

@@ -8,6 +8,7 @@ from celery import shared_task
 # Idempotent (content-addressed create-only upload, conditional state updates), hence
 # acks_late: a worker lost mid-upload gets the message redelivered and finishes the job.
 # Bounded: the evidence worker's concurrency bounds uploads in flight; retries back off.
+# The one task that retries itself: its failures are the object store's, often transient.
 @shared_task(
     name="evidence.publish",
     acks_late=True,
@@ -25,9 +26,10 @@ def evidence_publish_task(interaction_id: str) -> None:
     interaction_publish(interaction_id=interaction_id)
 
 
-@shared_task(name="evidence.sweep", acks_late=True, max_retries=0, soft_time_limit=60, time_limit=90)
+# Scheduled by beat (settings.CELERY_BEAT_SCHEDULE); it does not retry: the next tick is its retry.
+@shared_task(name="evidence.sweep", acks_late=True, soft_time_limit=60, time_limit=90)
 def evidence_sweep_task() -> None:
-    """Re-enqueue staged interactions whose publication was lost (schedule it with beat)."""
+    """Re-enqueue staged interactions whose publication was lost."""
     from apps.proxy.capture import staged_sweep
 
     staged_sweep()

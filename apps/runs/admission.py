@@ -6,19 +6,29 @@ neither fails nor spins a slot); waiting reservations are granted in arrival ord
 those that fit, so small trials may pass a big one only until the big one has waited
 `AGING_SECONDS`, after which nothing passes it (no starvation). A need larger than the
 whole budget can never be met and is refused at once.
+
+Reservations belong to the trial's lease and to the worker process that asked (its
+holder): the reservation ends with its trial (in `trial_complete`), with its lease (the
+reaper), or with its process (a worker starting on the host releases what no live process
+holds). Admission itself never counts a reservation whose lease is dead.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from apps.core.errors import ServiceError
-from apps.runs.models import Reservation, ReservationStatus, Trial, WorkerNode
+from apps.core.process import process_alive, process_identity
+from apps.runs.models import Lease, LeaseStatus, Reservation, ReservationStatus, Trial, WorkerNode
+from apps.runs.transitions import reservation_transition
+
+logger = logging.getLogger(__name__)
 
 AGING_SECONDS = 60.0
 
@@ -70,20 +80,34 @@ def node_usage(*, node: WorkerNode) -> dict[str, float | int]:
     }
 
 
-def admission_request(*, node: WorkerNode, trial: Trial, need: Need) -> Reservation:
-    """Join the node's queue (idempotent per trial: a retried task keeps its place)."""
+OPEN = (ReservationStatus.WAITING, ReservationStatus.HELD)
+
+
+def admission_request(
+    *, node: WorkerNode, trial: Trial, need: Need, lease: Lease | None = None, holder: str | None = None
+) -> Reservation:
+    """Join the node's queue (idempotent per trial and lease: a retried task keeps its
+    place). The reservation belongs to ``lease`` (default: the trial's active lease) and
+    to ``holder`` (default: this process)."""
     if need.cpus > node.cpus or need.memory_mb > node.memory_mb or need.storage_mb > node.storage_mb:
         raise NeverFits(
             f"the task needs {need.cpus:g} CPUs, {need.memory_mb} MB memory and {need.storage_mb} MB storage; "
             f"worker {node.name} has {node.cpus:g} CPUs, {node.memory_mb} MB and {node.storage_mb} MB in all"
         )
-    existing = Reservation.objects.filter(
-        node=node, trial=trial, status__in=[ReservationStatus.WAITING, ReservationStatus.HELD]
-    ).first()
-    if existing is not None:
-        return existing
+    if lease is None:
+        lease = Lease.objects.filter(run_id=trial.run_id, unit=f"trial:{trial.id}", status=LeaseStatus.ACTIVE).first()
+    for existing in Reservation.objects.filter(node=node, trial=trial, status__in=OPEN):
+        if existing.lease_id == (lease.id if lease else None):
+            return existing
+        reservation_transition(reservation=existing, to=ReservationStatus.RELEASED, why="its trial took a new lease")
     return Reservation.objects.create(
-        node=node, trial=trial, cpus=need.cpus, memory_mb=need.memory_mb, storage_mb=need.storage_mb
+        node=node,
+        trial=trial,
+        lease=lease,
+        holder=holder or process_identity(),
+        cpus=need.cpus,
+        memory_mb=need.memory_mb,
+        storage_mb=need.storage_mb,
     )
 
 
@@ -101,6 +125,7 @@ def admission_try(*, reservation: Reservation) -> bool:
     with transaction.atomic():
         # The node row lock serializes admission decisions on one node.
         node = WorkerNode.objects.select_for_update().get(pk=reservation.node_id)
+        _dead_leases_release(node=node)
         current = Reservation.objects.get(pk=reservation.pk)
         if current.status != ReservationStatus.WAITING:
             return current.status == ReservationStatus.HELD
@@ -115,10 +140,7 @@ def admission_try(*, reservation: Reservation) -> bool:
         for waiting in Reservation.objects.filter(node=node, status=ReservationStatus.WAITING).order_by("id"):
             if _fits(free, waiting):
                 if waiting.pk == current.pk:
-                    current.status = ReservationStatus.HELD
-                    current.granted_at = timezone.now()
-                    current.save(update_fields=["status", "granted_at"])
-                    return True
+                    return reservation_transition(reservation=current, to=ReservationStatus.HELD)
                 # An earlier reservation fits: it will take these resources when it polls.
                 free["slots"] -= 1
                 free["cpus"] -= waiting.cpus
@@ -131,7 +153,44 @@ def admission_try(*, reservation: Reservation) -> bool:
         return False
 
 
-def admission_release(*, reservation: Reservation) -> None:
-    Reservation.objects.filter(pk=reservation.pk).exclude(status=ReservationStatus.RELEASED).update(
-        status=ReservationStatus.RELEASED, released_at=timezone.now()
+def admission_release(*, reservation: Reservation, why: str = "its trial ended") -> bool:
+    """Give the reservation's resources back (a no-op once released)."""
+    return reservation_transition(reservation=reservation, to=ReservationStatus.RELEASED, why=why)
+
+
+def reservations_release(*, lease: Lease, why: str) -> int:
+    """Release what a lease held, in the caller's transaction (the lease just ended)."""
+    return sum(
+        reservation_transition(reservation=r, to=ReservationStatus.RELEASED, why=why)
+        for r in Reservation.objects.filter(lease=lease, status__in=OPEN)
     )
+
+
+def _dead_leases_release(*, node: WorkerNode) -> int:
+    """Release the node's reservations whose lease ended or lapsed: admission never waits
+    on resources that nobody can be using under a live lease."""
+    dead = Reservation.objects.filter(node=node, status__in=OPEN).filter(
+        Q(lease__status__in=[LeaseStatus.COMPLETED, LeaseStatus.RELEASED, LeaseStatus.EXPIRED])
+        | Q(lease__status=LeaseStatus.ACTIVE, lease__expires_at__lte=timezone.now())
+    )
+    return sum(
+        reservation_transition(reservation=r, to=ReservationStatus.RELEASED, why="its lease is no longer live")
+        for r in dead
+    )
+
+
+def node_orphans_release(*, node_name: str) -> int:
+    """Release the node's reservations that no live process holds (their worker was killed:
+    SIGKILL, OOM, a reboot). Called when a worker starts on this host; holders on another
+    host (or of unknown liveness) are left to their leases."""
+    released = 0
+    for reservation in Reservation.objects.filter(node_id=node_name, status__in=OPEN).exclude(holder=""):
+        if process_alive(identity=reservation.holder) is False:
+            released += reservation_transition(
+                reservation=reservation,
+                to=ReservationStatus.RELEASED,
+                why=f"its worker process {reservation.holder} is gone",
+            )
+    if released:
+        logger.warning("released %d reservations of %s held by processes that are gone", released, node_name)
+    return released

@@ -166,7 +166,7 @@ class LeaseWrite(models.Model):
 
 class GroupStatus(models.TextChoices):
     PENDING = "pending"
-    RUNNING = "running"
+    RUNNING = "running"  # a worker claimed one of its trials
     SETTLED = "settled"  # every trial ended (assessed, failed, lost or cancelled)
 
 
@@ -243,7 +243,8 @@ class Trial(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["group", "attempt"], name="trial_unique_attempt")]
-        indexes = [models.Index(fields=["run", "status"])]
+        # (status, queued_at): the sweeper's look for pending trials whose message was lost.
+        indexes = [models.Index(fields=["run", "status"]), models.Index(fields=["status", "queued_at"])]
 
     @property
     def is_terminal(self) -> bool:
@@ -296,10 +297,17 @@ class ReservationStatus(models.TextChoices):
 
 class Reservation(models.Model):
     """A trial's claim on a worker's budget. Waiting reservations are granted in arrival
-    order (the id) among those that fit; see `admission_try`."""
+    order (the id) among those that fit; see `admission_try`.
+
+    A reservation belongs to the trial's lease and to the worker process that asked for it
+    (`holder`, see apps.core.process): when either is gone the reservation is released (by
+    the reaper with the lease, by a trials worker starting on the host, by admission itself).
+    """
 
     node = models.ForeignKey(WorkerNode, on_delete=models.CASCADE, related_name="reservations")
     trial = models.ForeignKey(Trial, on_delete=models.CASCADE, related_name="reservations")
+    lease = models.ForeignKey(Lease, null=True, blank=True, on_delete=models.SET_NULL, related_name="reservations")
+    holder = models.CharField(max_length=200, blank=True, help_text="host/boot/pid/start of the worker process")
     cpus = models.FloatField()
     memory_mb = models.PositiveIntegerField()
     storage_mb = models.PositiveIntegerField()

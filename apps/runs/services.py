@@ -1,8 +1,11 @@
 """Writes for runs: admission, events, cancellation, leases and the reaper.
 
-Lock order everywhere: the Run row first, then its Lease rows. Every event append
-takes the run row's lock (it bumps `last_event_seq`), so events of one run commit in
-sequence order and a reader never sees seq N+1 before seq N.
+Lock order everywhere: a worker node's row (admission only) first, then the Run row, then
+its Lease rows, then its trials, groups and reservations. Every event append takes the run
+row's lock (it bumps `last_event_seq`), so events of one run commit in sequence order and a
+reader never sees seq N+1 before seq N. Status changes go through apps.runs.transitions
+(claims, each with its event). A heartbeat takes no run lock: it is one conditional UPDATE
+of its lease, so it never waits behind a cancel or a settlement of the run.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
-from django.db.models import F, Max
+from django.db.models import Max
 from django.utils import timezone
 
 from apps.accounts.models import Organization, WorkerIdentity
@@ -25,6 +28,7 @@ from apps.datasets.services import dataset_version_local_check, dataset_version_
 from apps.profiles.models import ProfileVersion
 from apps.profiles.selectors import profile_version_get, profile_version_recipe
 from apps.runs.bindings import model_binding_resolve
+from apps.runs.events import event_append, events_append
 from apps.runs.models import (
     TERMINAL_STATUSES,
     Artifact,
@@ -32,14 +36,16 @@ from apps.runs.models import (
     LeaseStatus,
     LeaseWrite,
     Run,
-    RunEvent,
     RunKind,
     RunSpec,
     RunStatus,
 )
 from apps.runs.plans import plan_normalize, plan_uses_local_sandbox
+from apps.runs.transitions import lease_transition, run_transition
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["event_append", "events_append"]  # re-exported: the events API callers know
 
 # Event types a worker may append through its lease; lifecycle events are the platform's.
 WORKER_EVENT_PREFIXES = (
@@ -51,21 +57,10 @@ WORKER_EVENT_PREFIXES = (
     "log.",
 )
 
-
-# --------------------------------------------------------------------------- events
-
-
-def event_append(*, run_id: str, type: str, data: dict[str, Any] | None = None) -> RunEvent:
-    """Append the run's next event. Must run inside the caller's transaction."""
-    if not transaction.get_connection().in_atomic_block:
-        raise RuntimeError("event_append must be called inside transaction.atomic()")
-    # The UPDATE takes the run row's lock until commit: sequence numbers are gap-free
-    # and commit in order (see the module docstring).
-    updated = Run.objects.filter(pk=run_id).update(last_event_seq=F("last_event_seq") + 1)
-    if updated != 1:
-        raise NotFound(f"run {run_id} not found")
-    seq = Run.objects.filter(pk=run_id).values_list("last_event_seq", flat=True).get()
-    return RunEvent.objects.create(run_id=run_id, seq=seq, type=type, data=data or {})
+# A cancel settles this many not-started trials in the caller (each batch its own short
+# transaction); the control queue settles the rest (runs.cancel_settle), the sweeper
+# finishes what a lost message left.
+CANCEL_INLINE_BATCHES = 4
 
 
 # --------------------------------------------------------------------------- admission
@@ -320,52 +315,67 @@ def run_schedule(*, run_id: str) -> Run:
             return run  # already scheduled, cancelled, ...: nothing to do (safe to run twice)
         missing = run.spec.dataset_version.entries.filter(task_version__archive__isnull=True).count()
         if missing:
-            run.status = RunStatus.FAILED
-            run.error = f"{missing} task packages are not in the object store"
-            run.finished_at = timezone.now()
-            run.save(update_fields=["status", "error", "finished_at", "updated_at"])
-            event_append(run_id=run.id, type="run.failed", data={"error": run.error})
+            error = f"{missing} task packages are not in the object store"
+            run_transition(
+                run=run, to=RunStatus.FAILED, event="run.failed", data={"error": error}, values={"error": error}
+            )
             return run
-        run.status = RunStatus.QUEUED
-        run.save(update_fields=["status", "updated_at"])
-        event_append(run_id=run.id, type="run.queued", data={})
+        run_transition(run=run, to=RunStatus.QUEUED, event="run.queued")
         from apps.runs.tasks import run_dispatch_task
 
         transaction.on_commit(lambda: run_dispatch_task.delay(run.id))
     return run
 
 
-def run_cancel(*, org: Organization, run_id: str, reason: str = "cancelled by operator") -> Run:
-    """Cancel a run. Unclaimed runs end at once; a running run moves to `cancelling` and
-    its lease holder learns it at its next heartbeat, then completes as cancelled."""
-    with transaction.atomic():
-        run = Run.objects.select_for_update().filter(org=org, pk=run_id).first()
-        if run is None:
-            raise NotFound(f"run {run_id} not found")
-        if run.status in TERMINAL_STATUSES or run.status == RunStatus.CANCELLING:
-            return run
-        now = timezone.now()
-        run.cancel_requested_at = now
-        if run.status == RunStatus.RUNNING:
-            run.status = RunStatus.CANCELLING
-            run.save(update_fields=["status", "cancel_requested_at", "updated_at"])
-            event_append(run_id=run.id, type="run.cancel_requested", data={"reason": reason})
-            from apps.runs.execution import run_cancel_trials
+def _cancel_mark(*, run: Run, reason: str) -> bool:
+    """The cancel's one short transaction. True if the run is now cancelling (its trials
+    still to settle); False if it ended here or had ended or was cancelling already."""
+    now = timezone.now()
+    # The run may move between the read and the claim (dispatched, claimed): then the claim
+    # fails and the next round tries the move that fits its new status.
+    for _ in range(3):
+        status = Run.objects.filter(pk=run.id).values_list("status", flat=True).get()
+        if status in TERMINAL_STATUSES or status == RunStatus.CANCELLING:
+            return False
+        if status == RunStatus.RUNNING:
+            if run_transition(
+                run=run,
+                to=RunStatus.CANCELLING,
+                source={RunStatus.RUNNING},
+                event="run.cancel_requested",
+                data={"reason": reason},
+                values={"cancel_requested_at": now},
+            ):
+                return True
+        elif run_transition(
+            run=run,
+            to=RunStatus.CANCELLED,
+            source={RunStatus.ACCEPTED, RunStatus.QUEUED},
+            event="run.cancelled",
+            data={"reason": reason},
+            values={"cancel_requested_at": now},
+        ):
+            return False
+    raise Conflict(f"run {run.id} kept changing status; cancel it again")
 
-            # Trials that have not started end now; running ones learn it by heartbeat.
-            run_cancel_trials(run=run)
-        else:
-            run.status = RunStatus.CANCELLED
-            run.finished_at = now
-            run.save(
-                update_fields=[
-                    "status",
-                    "cancel_requested_at",
-                    "finished_at",
-                    "updated_at",
-                ]
-            )
-            event_append(run_id=run.id, type="run.cancelled", data={"reason": reason})
+
+def run_cancel(*, org: Organization, run_id: str, reason: str = "cancelled by operator") -> Run:
+    """Cancel a run. Unclaimed runs end at once. A running run becomes `cancelling` in one
+    short transaction; its trials that have not started are then settled in batches, each
+    its own short transaction (a few here, the rest by the control queue); running trials
+    keep their leases and learn of it at their next heartbeat. The run ends `cancelled`
+    when its last trial ends."""
+    run = Run.objects.filter(org=org, pk=run_id).first()
+    if run is None:
+        raise NotFound(f"run {run_id} not found")
+    if _cancel_mark(run=run, reason=reason):
+        from apps.runs.execution import run_cancel_settle
+
+        if not run_cancel_settle(run_id=run.id, max_batches=CANCEL_INLINE_BATCHES):
+            from apps.runs.tasks import run_cancel_settle_task
+
+            transaction.on_commit(lambda: run_cancel_settle_task.delay(run.id))
+    run.refresh_from_db()
     return run
 
 
@@ -398,18 +408,12 @@ def lease_claim(*, worker: WorkerIdentity, unit: str = "run") -> Lease | None:
             expires_at=now + _lease_ttl(),
         )
         first_start = run.started_at is None
-        run.status = RunStatus.RUNNING
-        run.started_at = run.started_at or now
-        run.save(update_fields=["status", "started_at", "updated_at"])
-        event_append(
-            run_id=run.id,
-            type="lease.acquired",
-            data={
-                "lease": lease.id,
-                "unit": unit,
-                "fence": fence,
-                "worker": worker.name,
-            },
+        run_transition(
+            run=run,
+            to=RunStatus.RUNNING,
+            source={RunStatus.QUEUED},
+            event="lease.acquired",
+            data={"lease": lease.id, "unit": unit, "fence": fence, "worker": worker.name},
         )
         if first_start:
             event_append(run_id=run.id, type="run.started", data={})
@@ -423,6 +427,11 @@ def _locked_active_lease(*, lease_id: str, fence: int, worker: WorkerIdentity) -
         raise NotFound(f"lease {lease_id} not found")
     run = Run.objects.select_for_update().get(pk=lease.run_id)
     lease = Lease.objects.select_for_update().get(pk=lease_id)
+    _lease_check(lease=lease, fence=fence)
+    return run, lease
+
+
+def _lease_check(*, lease: Lease, fence: int) -> None:
     if lease.fence != fence:
         raise StaleLease(
             f"fence {fence} does not match lease {lease.id} (fence {lease.fence})",
@@ -432,7 +441,6 @@ def _locked_active_lease(*, lease_id: str, fence: int, worker: WorkerIdentity) -
         raise StaleLease(f"lease {lease.id} is {lease.status}; a newer holder may own this work")
     if lease.expires_at <= timezone.now():
         raise StaleLease(f"lease {lease.id} expired at {lease.expires_at.isoformat()}")
-    return run, lease
 
 
 @dataclass(frozen=True)
@@ -442,16 +450,22 @@ class HeartbeatResult:
 
 
 def lease_heartbeat(*, worker: WorkerIdentity, lease_id: str, fence: int) -> HeartbeatResult:
-    with transaction.atomic():
-        run, lease = _locked_active_lease(lease_id=lease_id, fence=fence, worker=worker)
-        now = timezone.now()
-        lease.heartbeat_at = now
-        lease.expires_at = now + _lease_ttl()
-        lease.save(update_fields=["heartbeat_at", "expires_at"])
-    return HeartbeatResult(
-        expires_at=lease.expires_at,
-        cancel_requested=run.cancel_requested_at is not None,
-    )
+    """Extend the caller's live lease. One conditional UPDATE of the lease row and no run
+    lock: a heartbeat never queues behind a cancel or a settlement of the same run. The
+    reaper expires a lease under that row's lock, so the two cannot both win."""
+    now = timezone.now()
+    expires_at = now + _lease_ttl()
+    extended = Lease.objects.filter(
+        pk=lease_id, worker=worker, fence=fence, status=LeaseStatus.ACTIVE, expires_at__gt=now
+    ).update(heartbeat_at=now, expires_at=expires_at)
+    if not extended:
+        lease = Lease.objects.filter(pk=lease_id, worker=worker).first()
+        if lease is None:
+            raise NotFound(f"lease {lease_id} not found")
+        _lease_check(lease=lease, fence=fence)
+        raise StaleLease(f"lease {lease.id} could not be extended")  # it changed between the two reads
+    cancel_requested = Run.objects.filter(leases__pk=lease_id, cancel_requested_at__isnull=False).exists()
+    return HeartbeatResult(expires_at=expires_at, cancel_requested=cancel_requested)
 
 
 def lease_report(
@@ -497,19 +511,17 @@ def lease_complete(
         raise ValidationFailed("outcome must be succeeded, failed or cancelled", field="outcome")
     with transaction.atomic():
         run, lease = _locked_active_lease(lease_id=lease_id, fence=fence, worker=worker)
-        now = timezone.now()
-        lease.status = LeaseStatus.COMPLETED
-        lease.ended_at = now
-        lease.save(update_fields=["status", "ended_at"])
-        run.status = outcome
-        run.finished_at = now
-        run.summary = summary or {}
-        run.error = error
-        run.save(update_fields=["status", "finished_at", "summary", "error", "updated_at"])
-        event_append(
-            run_id=run.id,
-            type=f"run.{outcome}",
-            data={"summary": run.summary, "error": error or None},
+        if lease.unit.startswith("trial:"):
+            raise Conflict(f"lease {lease.id} holds one trial: it ends with that trial, not with the run")
+        lease_transition(lease=lease, to=LeaseStatus.COMPLETED, event="lease.completed")
+        summary = summary or {}
+        run_transition(
+            run=run,
+            to=outcome,
+            source={RunStatus.RUNNING, RunStatus.CANCELLING},
+            event=f"run.{outcome}",
+            data={"summary": summary, "error": error or None},
+            values={"summary": summary, "error": error},
         )
     return run
 
@@ -518,67 +530,78 @@ def lease_release(*, worker: WorkerIdentity, lease_id: str, fence: int, reason: 
     """Give the work back (e.g. a worker shutting down): the run is queued again."""
     with transaction.atomic():
         run, lease = _locked_active_lease(lease_id=lease_id, fence=fence, worker=worker)
-        lease.status = LeaseStatus.RELEASED
-        lease.ended_at = timezone.now()
-        lease.save(update_fields=["status", "ended_at"])
-        _return_to_queue(run=run, lease=lease, event_type="lease.released", reason=reason)
-    _notify_requeued(run_id=run.id)
+        lease_transition(lease=lease, to=LeaseStatus.RELEASED, event="lease.released", data={"reason": reason})
+        _work_return(run=run, lease=lease, why="its lease was released")
     return run
 
 
-def _return_to_queue(*, run: Run, lease: Lease, event_type: str, reason: str) -> None:
-    event_append(
-        run_id=run.id,
-        type=event_type,
-        data={"lease": lease.id, "fence": lease.fence, "reason": reason},
-    )
+def _work_return(*, run: Run, lease: Lease, why: str) -> None:
+    """What a lease held goes back when the lease ends without an outcome: its reservations
+    are released, a trial is requeued (or lost, or cancelled), a whole run queued again."""
+    from apps.runs.admission import reservations_release
+
+    reservations_release(lease=lease, why=why)
+    if lease.unit.startswith("trial:"):
+        from apps.runs.execution import trial_lease_lapsed
+
+        trial_lease_lapsed(run=run, lease=lease)
+    else:
+        _return_to_queue(run=run)
+
+
+def _return_to_queue(*, run: Run) -> None:
+    """A whole-run lease ended without an outcome: queue the run again, or end it if a
+    cancel was requested meanwhile. Caller holds the run lock."""
     if run.cancel_requested_at is not None:
-        run.status = RunStatus.CANCELLED
-        run.finished_at = timezone.now()
-        run.save(update_fields=["status", "finished_at", "updated_at"])
-        event_append(
-            run_id=run.id,
-            type="run.cancelled",
+        run_transition(
+            run=run,
+            to=RunStatus.CANCELLED,
+            source={RunStatus.CANCELLING},
+            event="run.cancelled",
             data={"reason": "cancelled while its holder was gone"},
         )
     else:
-        run.status = RunStatus.QUEUED
-        run.save(update_fields=["status", "updated_at"])
-        event_append(run_id=run.id, type="run.requeued", data={})
+        run_transition(run=run, to=RunStatus.QUEUED, source={RunStatus.RUNNING}, event="run.requeued")
 
 
-def _notify_requeued(*, run_id: str) -> None:
-    # Hook for dispatchers (the execution core) to pick requeued work up promptly.
-    pass
+def lease_lapse(*, run: Run, lease: Lease, now: Any) -> bool:
+    """Expire a lapsed lease with what it held, in the caller's transaction: its
+    reservations are released, and its work is requeued, lost or cancelled. False if the
+    lease was not lapsed (its holder heartbeated or ended it meanwhile). Caller holds the
+    run and lease locks."""
+    if not lease_transition(
+        lease=lease,
+        to=LeaseStatus.EXPIRED,
+        event="lease.expired",
+        data={"reason": "no heartbeat"},
+        where={"expires_at__lte": now},
+    ):
+        return False
+    # A trial's worker vanished: retry or lose the trial, per the plan.
+    _work_return(run=run, lease=lease, why="its lease expired")
+    return True
 
 
-def lease_reap(*, now: Any = None) -> int:
-    """Expire lapsed leases and return their work to the queue. Safe to run concurrently."""
+def leases_reap(*, now: Any = None, limit: int = 500) -> list[tuple[str, str]]:
+    """Expire lapsed leases and return their work to the queue; returns the (run, lease)
+    pairs reaped. Safe to run concurrently (each lease is re-checked under its lock)."""
     now = now or timezone.now()
-    reaped = 0
+    reaped = []
     lapsed = list(
-        Lease.objects.filter(status=LeaseStatus.ACTIVE, expires_at__lte=now).values_list("id", "run_id")[:500]
+        Lease.objects.filter(status=LeaseStatus.ACTIVE, expires_at__lte=now)
+        .order_by("expires_at")
+        .values_list("id", "run_id")[:limit]
     )
     for lease_id, run_id in lapsed:
         with transaction.atomic():
-            run = Run.objects.select_for_update().get(pk=run_id)
+            run = Run.objects.select_for_update(of=("self",)).select_related("spec").get(pk=run_id)
             lease = Lease.objects.select_for_update().get(pk=lease_id)
-            # Re-check under the locks: the holder may have heartbeated or completed meanwhile.
-            if lease.status != LeaseStatus.ACTIVE or lease.expires_at > now:
-                continue
-            lease.status = LeaseStatus.EXPIRED
-            lease.ended_at = now
-            lease.save(update_fields=["status", "ended_at"])
-            reaped += 1
-            if lease.unit.startswith("trial:"):
-                # A trial's worker vanished: retry or lose the trial, per the plan.
-                from apps.runs.execution import trial_lease_lapsed
-
-                event_append(run_id=run.id, type="lease.expired", data={"lease": lease.id, "unit": lease.unit})
-                trial_lease_lapsed(run=run, lease=lease)
-                continue
-            _return_to_queue(run=run, lease=lease, event_type="lease.expired", reason="no heartbeat")
-        _notify_requeued(run_id=run_id)
+            if lease_lapse(run=run, lease=lease, now=now):
+                reaped.append((run_id, lease_id))
     if reaped:
-        logger.info("reaped %d lapsed leases", reaped)
+        logger.info("reaped %d lapsed leases", len(reaped))
     return reaped
+
+
+def lease_reap(*, now: Any = None) -> int:
+    return len(leases_reap(now=now))

@@ -11,5 +11,9 @@ from django.dispatch import Signal
 
 # run_id: a queued train run was started; its learner must make the first batch.
 train_run_started = Signal()
-# run_id, group_id, step: every attempt of the group has ended (assessed, failed, lost...).
+# run_id, group_id, step, kind: every attempt of the group has ended (assessed, failed, lost...).
 group_settled = Signal()
+# now, limit: the sweeper's tick (apps.runs.sweeper). Receivers re-drive their own app's
+# stuck work (bounded by `limit` per kind), write why on each run they touch, and return
+# {what: count} for the tick's log line.
+sweep_tick = Signal()

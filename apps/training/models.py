@@ -63,12 +63,17 @@ class LearningUpdate(models.Model):
         "training.Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="update"
     )
     error = models.TextField(blank=True)
+    # The training worker process applying it heartbeats like a trial lease: a holder whose
+    # heartbeat lapsed is gone, and the sweeper redoes (pending) or blocks (unresolved) it.
+    holder = models.CharField(max_length=200, blank=True, help_text="host/boot/pid/start of the worker process")
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["run", "step"]
         constraints = [models.UniqueConstraint(fields=["run", "step"], name="learningupdate_unique_step")]
+        indexes = [models.Index(fields=["status", "heartbeat_at"])]
 
     def __str__(self) -> str:
         return f"{self.run_id} step {self.step} ({self.status})"

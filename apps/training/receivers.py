@@ -1,4 +1,5 @@
-"""Training listens to execution: a started train run and settled groups (enqueue only)."""
+"""Training listens to execution: a started train run, settled groups (enqueue only), and
+the sweeper's tick (re-drives of the learner's own stuck work)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,20 @@ def on_train_run_started(*, run_id: str, **_: Any) -> None:
 
 
 @receiver(signals.group_settled, dispatch_uid="training.group_settled")
-def on_group_settled(*, run_id: str, step: int, **_: Any) -> None:
+def on_group_settled(*, run_id: str, step: int, kind: str | None = None, **_: Any) -> None:
     from apps.runs.models import Run, RunKind
 
     # Evaluation and execution groups settle too; only train runs have a learner.
-    if Run.objects.filter(pk=run_id, kind=RunKind.TRAIN).exists():
+    if kind is None:
+        kind = Run.objects.filter(pk=run_id).values_list("kind", flat=True).first()
+    if kind == RunKind.TRAIN:
         from apps.training.tasks import group_settled_task
 
         group_settled_task.delay(run_id, step)
+
+
+@receiver(signals.sweep_tick, dispatch_uid="training.sweep_tick")
+def on_sweep_tick(*, now: Any, limit: int, **_: Any) -> dict[str, int]:
+    from apps.training.services import training_sweep
+
+    return training_sweep(now=now, limit=limit)

@@ -1,11 +1,15 @@
-"""Celery interfaces to training services (queue ``training``): ids in, one call each."""
+"""Celery interfaces to training services (queue ``training``): ids in, one call each.
+
+None retries itself: each is idempotent, and what a failed or lost one leaves behind is
+driven again by the sweeper (apps.training.services.training_sweep).
+"""
 
 from __future__ import annotations
 
 from celery import shared_task
 
 
-@shared_task(name="training.start", acks_late=True, max_retries=3, soft_time_limit=300, time_limit=360)
+@shared_task(name="training.start", acks_late=True, soft_time_limit=300, time_limit=360)
 def training_start_task(run_id: str) -> None:
     # Idempotent: the trainer row is made once, under the run's lock.
     from apps.training.services import training_start
@@ -13,7 +17,7 @@ def training_start_task(run_id: str) -> None:
     training_start(run_id=run_id)
 
 
-@shared_task(name="training.group_settled", acks_late=True, max_retries=3, soft_time_limit=60, time_limit=90)
+@shared_task(name="training.group_settled", acks_late=True, soft_time_limit=60, time_limit=90)
 def group_settled_task(run_id: str, step: int) -> None:
     from apps.training.services import step_settled
 
@@ -22,14 +26,14 @@ def group_settled_task(run_id: str, step: int) -> None:
 
 # acks_late + reject_on_worker_lost: a lost worker's update is delivered again; the update's
 # own state then says whether it can be redone (still gathering) or must block (the
-# optimizer step was in flight and the weights are unknown). The time limit stays under the
-# broker's visibility timeout (SYNTH_VISIBILITY_TIMEOUT, 4 h): a message unacknowledged for
-# longer would be delivered to a second worker while the first still applies the update.
+# optimizer step was in flight and the weights are unknown). The process applying it holds
+# and heartbeats the update, so a second delivery while it runs returns at once, and the
+# sweeper finds a dead holder within a lease TTL (not at the broker's redelivery). The time
+# limit stays under the broker's visibility timeout (SYNTH_VISIBILITY_TIMEOUT, 4 h).
 @shared_task(
     name="training.update",
     acks_late=True,
     reject_on_worker_lost=True,
-    max_retries=0,
     soft_time_limit=3 * 3600,
     time_limit=3 * 3600 + 300,
 )

@@ -4,6 +4,7 @@ run end to end against the current proxy code."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -84,3 +85,20 @@ def test_training_bench_prints_figures() -> None:
     assert "losses agree: True" in out, out
     for line in ("update  chunked:", "update ratio full/chunked", "save r=32: sampler weights", "reward by step"):
         assert line in out, out
+
+
+def test_cancel_bench_prints_figures() -> None:
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith("postgres"):
+        pytest.skip("the cancel bench needs PostgreSQL (DATABASE_URL)")
+    database = url.rsplit("/", 1)[0] + "/synth_bench_cancel"
+    out = run_bench(
+        "cancel.py",
+        *("--tasks", "40", "--attempts", "5", "--running", "3", "--stop", "0.5"),
+        env={"DATABASE_URL": database},
+    )
+    for line in ("time to cancelled:", "longest run-row lock hold:", "heartbeats:"):
+        assert line in out, out
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert figures["trials"] == 200 and figures["status"] == "cancelled"
+    assert figures["heartbeat_failures"] == 0 and figures["leases_lost"] == 0

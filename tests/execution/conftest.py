@@ -32,7 +32,7 @@ class Stack:
             "SYNTH_OBJECT_STORE": settings.SYNTH_OBJECT_STORE,
             "SYNTH_WORK_DIR": str(tmp / "work"),
             "SYNTH_LEASE_TTL_SECONDS": "3",
-            "SYNTH_REAPER_INTERVAL": "1",
+            "SYNTH_SWEEP_INTERVAL": "1",
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         }
 

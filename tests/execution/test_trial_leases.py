@@ -46,3 +46,20 @@ def test_a_lapsed_trial_is_requeued_then_lost_and_counted_once(run, django_captu
     trial.refresh_from_db()
     assert trial.status == "lost" and trial.error_type == "WorkerLost"  # max_retries=1 used up
     assert RunEvent.objects.filter(run=run, type="trial.finished", data__trial=trial.id).count() == 1
+
+
+def test_a_released_trial_lease_gives_back_the_trial_not_the_run(run):
+    from apps.core.errors import Conflict
+    from apps.runs.services import lease_complete, lease_release
+
+    w1 = worker_get_or_create(name="w1")
+    trial = run.trials.order_by("id").first()
+    lease = trial_claim(worker=w1, trial_id=trial.id, node_name="n")
+    with pytest.raises(Conflict):  # a trial's lease cannot end the whole run
+        lease_complete(worker=w1, lease_id=lease.id, fence=lease.fence, outcome="succeeded")
+    lease_release(worker=w1, lease_id=lease.id, fence=lease.fence, reason="shutting down")
+    trial.refresh_from_db()
+    run.refresh_from_db()
+    assert trial.status == "pending" and run.status == "running"
+    types = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True))
+    assert types[-2:] == ["lease.released", "trial.requeued"]

@@ -42,6 +42,8 @@ def _settle_step(run: Run, step: int, rewards: list[float]) -> None:
         .select_related("task_version")
         .order_by("group__position", "attempt")
     )
+    # The attempts ran (made directly in the database: no workers here); now they end.
+    trials.update(status="running")
     for trial, reward in zip(trials, rewards * 10, strict=False):
         with transaction.atomic():
             _trial_settle(run=Run.objects.get(pk=run.pk), trial=trial, status="succeeded", rewards={"reward": reward})

@@ -1,0 +1,330 @@
+"""Every record's transition table: each allowed move succeeds and writes its event; each
+move the table does not allow changes nothing and returns False; a status nothing moves to
+raises; concurrent claims of one move on PostgreSQL have exactly one winner. And nothing
+outside the transition functions writes a status."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+from django.utils import timezone
+
+from apps.accounts.services import worker_get_or_create
+from apps.core.transitions import TransitionNotAllowed, TransitionTable
+from apps.proxy.capture import DELIVERY_TRANSITIONS, INTEGRITY_TRANSITIONS, interaction_transition
+from apps.proxy.models import Interaction
+from apps.proxy.services import DEFAULT_ROUTE, route_upsert
+from apps.runs.admission import Budget, node_register
+from apps.runs.execution import run_dispatch
+from apps.runs.models import Lease, Reservation, Run, RunEvent, RunStatus, SamplingGroup, Trial
+from apps.runs.services import run_schedule, run_submit
+from apps.runs.transitions import (
+    GROUP_TRANSITIONS,
+    LEASE_TRANSITIONS,
+    RESERVATION_TRANSITIONS,
+    RUN_TRANSITIONS,
+    TRIAL_TRANSITIONS,
+    group_transition,
+    lease_transition,
+    reservation_transition,
+    run_transition,
+    trial_transition,
+)
+from apps.training.models import LearningUpdate, Trainer
+from apps.training.services import (
+    TRAINER_TRANSITIONS,
+    UPDATE_TRANSITIONS,
+    trainer_transition,
+    update_transition,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(org, inputs, key: str = "k") -> Run:
+    run, _ = run_submit(org=org, user=None, idempotency_key=key, body=inputs["body"])
+    run_schedule(run_id=run.id)
+    run_dispatch(run_id=run.id)
+    return Run.objects.get(pk=run.pk)
+
+
+@dataclass
+class Record:
+    """How to make a record of one kind in a given status, move it, and read it back."""
+
+    table: TransitionTable
+    make: Callable[[Any, Any, str], Any]  # (org, inputs, status) -> record
+    move: Callable[[Any, str], bool]
+    status: Callable[[Any], str]
+    # How many events the record's run has (None: the record keeps its own timestamps).
+    events: Callable[[Any], int] | None
+
+
+def _events(run_id: str) -> int:
+    return RunEvent.objects.filter(run_id=run_id).count()
+
+
+def _make_run(org, inputs, status):
+    run = _run(org, inputs)
+    Run.objects.filter(pk=run.pk).update(status=status)
+    return Run.objects.get(pk=run.pk)
+
+
+def _make_trial(org, inputs, status):
+    trial = _run(org, inputs).trials.select_related("task_version").first()
+    Trial.objects.filter(pk=trial.pk).update(status=status)
+    trial.refresh_from_db()
+    return trial
+
+
+def _make_group(org, inputs, status):
+    group = _run(org, inputs).groups.first()
+    SamplingGroup.objects.filter(pk=group.pk).update(status=status)
+    group.refresh_from_db()
+    return group
+
+
+def _make_lease(org, inputs, status):
+    run = _run(org, inputs)
+    now = timezone.now()
+    return Lease.objects.create(
+        run=run,
+        unit="test",
+        worker=worker_get_or_create(name="w"),
+        fence=1,
+        status=status,
+        heartbeat_at=now,
+        expires_at=now + timedelta(minutes=1),
+    )
+
+
+def _make_reservation(org, inputs, status):
+    trial = _run(org, inputs).trials.first()
+    node = node_register(name="n", budget=Budget(slots=2, cpus=2, memory_mb=1024, storage_mb=1024))
+    return Reservation.objects.create(node=node, trial=trial, cpus=1, memory_mb=1, storage_mb=1, status=status)
+
+
+def _make_trainer(org, inputs, status):
+    run = _run(org, inputs)
+    return Trainer.objects.create(run=run, backend="local", route="r", base_model="", sampler={}, status=status)
+
+
+def _make_update(org, inputs, status):
+    return LearningUpdate.objects.create(run=_run(org, inputs), step=0, sampler={}, status=status)
+
+
+def _make_interaction(field):
+    def make(org, inputs, status):
+        route, _ = route_upsert(**DEFAULT_ROUTE)
+        return Interaction.objects.create(
+            org=org, principal_kind="attempt", route=route, model_requested="m", **{field: status}
+        )
+
+    return make
+
+
+RECORDS = {
+    "run": Record(
+        RUN_TRANSITIONS,
+        _make_run,
+        lambda r, to: run_transition(run=r, to=to, event=f"test.{to}"),
+        lambda r: Run.objects.get(pk=r.pk).status,
+        lambda r: _events(r.pk),
+    ),
+    "trial": Record(
+        TRIAL_TRANSITIONS,
+        _make_trial,
+        lambda t, to: trial_transition(trial=t, to=to, event=f"test.{to}"),
+        lambda t: Trial.objects.get(pk=t.pk).status,
+        lambda t: _events(t.run_id),
+    ),
+    "group": Record(
+        GROUP_TRANSITIONS,
+        _make_group,
+        lambda g, to: group_transition(group=g, to=to, event=f"test.{to}"),
+        lambda g: SamplingGroup.objects.get(pk=g.pk).status,
+        lambda g: _events(g.run_id),
+    ),
+    "lease": Record(
+        LEASE_TRANSITIONS,
+        _make_lease,
+        lambda le, to: lease_transition(lease=le, to=to, event=f"test.{to}"),
+        lambda le: Lease.objects.get(pk=le.pk).status,
+        lambda le: _events(le.run_id),
+    ),
+    "reservation": Record(
+        RESERVATION_TRANSITIONS,
+        _make_reservation,
+        lambda r, to: reservation_transition(reservation=r, to=to),
+        lambda r: Reservation.objects.get(pk=r.pk).status,
+        lambda r: _events(r.trial.run_id),
+    ),
+    "trainer": Record(
+        TRAINER_TRANSITIONS,
+        _make_trainer,
+        lambda t, to: trainer_transition(trainer=t, to=to, event=f"test.{to}"),
+        lambda t: Trainer.objects.get(pk=t.pk).status,
+        lambda t: _events(t.run_id),
+    ),
+    "update": Record(
+        UPDATE_TRANSITIONS,
+        _make_update,
+        lambda u, to: update_transition(update=u, to=to, event=f"test.{to}"),
+        lambda u: LearningUpdate.objects.get(pk=u.pk).status,
+        lambda u: _events(u.run_id),
+    ),
+    "interaction.delivery": Record(
+        DELIVERY_TRANSITIONS,
+        _make_interaction("delivery"),
+        lambda i, to: interaction_transition(interaction_id=i.pk, field="delivery", to=to),
+        lambda i: Interaction.objects.get(pk=i.pk).delivery,
+        None,
+    ),
+    "interaction.integrity": Record(
+        INTEGRITY_TRANSITIONS,
+        _make_interaction("integrity"),
+        lambda i, to: interaction_transition(interaction_id=i.pk, field="integrity", to=to),
+        lambda i: Interaction.objects.get(pk=i.pk).integrity,
+        None,
+    ),
+}
+
+
+def _statuses(table: TransitionTable) -> list[str]:
+    return [str(value) for value, _ in table.model._meta.get_field(table.field).choices]
+
+
+def _moves(allowed: bool) -> list[tuple[str, str, str]]:
+    out = []
+    for kind, record in RECORDS.items():
+        statuses = _statuses(record.table)
+        for source in statuses:
+            for to in statuses:
+                reachable = bool(record.table._sources.get(to))
+                if record.table.allows(source=source, to=to) == allowed and (allowed or reachable):
+                    out.append((kind, source, to))
+    return out
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("kind", "source", "to"), _moves(allowed=True))
+def test_an_allowed_move_happens_once_with_its_event(alice, inputs, kind, source, to):
+    record = RECORDS[kind]
+    obj = record.make(alice.org, inputs, source)
+    before = record.events(obj) if record.events else None
+    assert record.move(obj, to) is True
+    assert record.status(obj) == to
+    if record.events:
+        assert record.events(obj) == before + 1
+        run_id = obj.trial.run_id if kind == "reservation" else getattr(obj, "run_id", obj.pk)
+        last = RunEvent.objects.filter(run_id=run_id).order_by("-seq").first()
+        assert last.type.endswith(to)
+    # The same move again is not allowed from where the record now is (no self-moves).
+    assert record.move(obj, to) is False
+    if record.events:
+        assert record.events(obj) == before + 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("kind", "source", "to"), _moves(allowed=False))
+def test_a_move_the_table_does_not_allow_changes_nothing(alice, inputs, kind, source, to):
+    record = RECORDS[kind]
+    obj = record.make(alice.org, inputs, source)
+    before = record.events(obj) if record.events else None
+    assert record.move(obj, to) is False
+    assert record.status(obj) == source
+    if record.events:
+        assert record.events(obj) == before
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("kind", list(RECORDS))
+def test_asking_for_a_move_no_row_allows_raises(alice, inputs, kind):
+    record = RECORDS[kind]
+    statuses = _statuses(record.table)
+    initial = [s for s in statuses if not record.table._sources.get(s)]
+    if initial:  # a status nothing moves to (where records are born)
+        obj = record.make(alice.org, inputs, initial[0])
+        with pytest.raises(TransitionNotAllowed):
+            record.move(obj, initial[0])
+    source, to = next((s, t) for s in statuses for t in statuses if s != t and not record.table.allows(source=s, to=t))
+    with pytest.raises(TransitionNotAllowed):
+        record.table.claim(pk="x", to=to, source={source})
+
+
+@pytest.mark.django_db
+def test_a_narrowed_source_must_be_allowed(alice, inputs):
+    run = _make_run(alice.org, inputs, RunStatus.QUEUED)
+    with pytest.raises(TransitionNotAllowed):
+        run_transition(run=run, to=RunStatus.QUEUED, source={RunStatus.SUCCEEDED}, event="x")
+    assert run_transition(run=run, to=RunStatus.CANCELLED, source={RunStatus.ACCEPTED}, event="x") is False
+    assert Run.objects.get(pk=run.pk).status == RunStatus.QUEUED
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("kind", "source", "to"),
+    [
+        ("run", "running", "cancelling"),
+        ("trial", "pending", "waiting"),
+        ("group", "pending", "settled"),
+        ("lease", "active", "expired"),
+        ("reservation", "waiting", "held"),
+        ("trainer", "sampling", "updating"),
+        ("update", "pending", "unresolved"),
+        ("interaction.integrity", "staged", "published"),
+    ],
+)
+def test_concurrent_claims_of_one_move_have_exactly_one_winner(alice, inputs, kind, source, to):
+    assert connection.vendor == "postgresql"
+    record = RECORDS[kind]
+    obj = record.make(alice.org, inputs, source)
+    before = record.events(obj) if record.events else None
+    n = 12
+    barrier = threading.Barrier(n)
+    results: list[bool] = []
+    lock = threading.Lock()
+
+    def claim() -> None:
+        try:
+            barrier.wait()
+            moved = record.move(type(obj).objects.get(pk=obj.pk), to)
+            with lock:
+                results.append(moved)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=claim) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False] * (n - 1) + [True]
+    assert record.status(obj) == to
+    if record.events:
+        assert record.events(obj) == before + 1
+
+
+def test_nothing_outside_the_transition_functions_writes_a_status():
+    """The grep the rule is checked by: no `.status = ...` or `update(status=...)` (nor the
+    interaction's delivery/integrity) in application code except the transition modules."""
+    allowed = {ROOT / "apps/core/transitions.py"}
+    pattern = re.compile(
+        r"\.(status|delivery|integrity)\s*=[^=]|update\([^)]*\b(status|delivery|integrity)\s*=|bulk_update\([^)]*\"status\""
+    )
+    offenders = []
+    for path in (ROOT / "apps").rglob("*.py"):
+        if path in allowed or "migrations" in path.parts:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line):
+                offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
