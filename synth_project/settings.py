@@ -127,6 +127,9 @@ DATABASES = {
     "default": dj_database_url.parse(
         os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'synth.sqlite3'}",
         conn_max_age=env_int("SYNTH_DB_CONN_MAX_AGE", 0),
+        # A kept connection is checked before its first use in a request or a worker phase:
+        # after a database restart it is replaced instead of failing that request.
+        conn_health_checks=True,
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -243,6 +246,9 @@ SYNTH_SWEEP_GRACE_SECONDS = env_int("SYNTH_SWEEP_GRACE_SECONDS", 60)
 SYNTH_SWEEP_TRIAL_GRACE_SECONDS = env_int("SYNTH_SWEEP_TRIAL_GRACE_SECONDS", 300)
 # Records of each kind one sweep tick re-drives at most.
 SYNTH_SWEEP_BATCH = env_int("SYNTH_SWEEP_BATCH", 100)
+# How long a worker keeps retrying an idempotent write (a heartbeat, a trial's result) on
+# a transient database error (a restart, a failover) before it gives up on it.
+SYNTH_DB_RETRY_SECONDS = env_int("SYNTH_DB_RETRY_SECONDS", 2 * SYNTH_LEASE_TTL_SECONDS)
 
 # LOGGING
 # ------------------------------------------------------------------------------

@@ -1,0 +1,77 @@
+"""Database phases of long-lived processes that must outlive a database restart.
+
+A worker holds its connection across a task that may run for hours. When the server
+restarts (or a failover moves it), that connection is dead and the next query fails; an
+idempotent write is then worth repeating on a new connection instead of losing its work.
+``db_retry`` does that for a bounded time (SYNTH_DB_RETRY_SECONDS); ``db_fresh`` is the
+cheap check before each phase.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
+
+logger = logging.getLogger(__name__)
+
+# What a restarted, unreachable or failing-over server raises (a refused or dropped
+# connection, "terminating connection due to administrator command", a write on a closed
+# connection). Errors in the statements themselves are not retried.
+TRANSIENT_DB_ERRORS = (OperationalError, InterfaceError)
+
+
+def db_fresh() -> None:
+    """Drop this thread's connection if an error broke it or it is past its age, so the
+    next query opens a live one. A no-op inside a transaction (the caller's to handle)."""
+    if not connection.in_atomic_block:
+        close_old_connections()
+
+
+def _log_retry(what: str) -> Callable[[RetryCallState], None]:
+    def log(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        logger.warning("%s: database unavailable (%s); retrying (attempt %d)", what, exc, state.attempt_number)
+
+    return log
+
+
+def db_retry[T](
+    *,
+    write: Callable[[], T],
+    what: str,
+    committed: Callable[[], bool] | None = None,
+    seconds: float | None = None,
+) -> T | None:
+    """Run ``write``, an idempotent database phase, on a live connection; on a transient
+    error, reconnect and run it again with backoff, for ``seconds`` at most (default
+    SYNTH_DB_RETRY_SECONDS), then raise the last error.
+
+    ``committed`` answers, before a repeat, whether the failed attempt had committed after
+    all (the connection died after the server took the COMMIT): then the write is done and
+    None is returned. Inside a transaction, ``write`` runs once: a retry cannot repair the
+    caller's broken transaction."""
+    if connection.in_atomic_block:
+        return write()
+    retrying = Retrying(
+        retry=retry_if_exception_type(TRANSIENT_DB_ERRORS),
+        wait=wait_exponential_jitter(initial=0.1, max=2.0),
+        stop=stop_after_delay(settings.SYNTH_DB_RETRY_SECONDS if seconds is None else seconds),
+        before_sleep=_log_retry(what),
+        reraise=True,
+    )
+    try:
+        for attempt in retrying:
+            with attempt:
+                db_fresh()
+                if attempt.retry_state.attempt_number > 1 and committed is not None and committed():
+                    logger.info("%s: the earlier attempt had committed", what)
+                    return None
+                return write()
+    except TRANSIENT_DB_ERRORS:
+        db_fresh()  # the caller's next query opens a new connection rather than hit this broken one
+        raise
+    raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
