@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
-from celery.signals import worker_ready
+from celery.signals import worker_process_init, worker_ready
 
 logger = logging.getLogger(__name__)
 
@@ -68,15 +68,19 @@ def trial_execute_task(trial_id: str) -> None:
 
 
 @worker_ready.connect
+@worker_process_init.connect
 def _sandboxes_reap_stale(**_: object) -> None:
-    """A worker that died (SIGKILL, OOM, host reboot) leaves sandboxes behind: clean them
-    when a worker starts on this host."""
-    from apps.runs.sandbox.environment import default_sandbox_root
-    from apps.runs.sandbox.sandbox import reap_stale_sandboxes
+    """A worker that died (SIGKILL, OOM, host reboot) leaves sandboxes and work dirs behind:
+    clean them when a worker starts on this host, and when a pool process starts (the
+    replacement of a killed one), so a killed child's are gone without a restart."""
+    from django.conf import settings
 
-    removed = reap_stale_sandboxes(default_sandbox_root())
-    if removed:
-        logger.warning("removed %d stale sandboxes: %s", len(removed), ", ".join(removed[:10]))
+    from apps.runs.workdirs import host_reap
+
+    try:
+        host_reap(work_root=settings.SYNTH_WORK_DIR)
+    except Exception:  # a cleanup problem must not keep the worker (or its pool) from starting
+        logger.exception("reaping what dead trial processes left failed")
 
 
 @worker_ready.connect

@@ -265,6 +265,23 @@ def _process_start_time(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+def owner_record() -> dict[str, int | str | None]:
+    """This process as the owner of what it leaves on the host (a sandbox, a work dir):
+    its pid and start time, which a reused pid does not share."""
+    pid = os.getpid()
+    return {"owner_pid": pid, "owner_start": _process_start_time(pid)}
+
+
+def owner_alive(record: Mapping[str, object]) -> bool:
+    """Whether the process ``owner_record`` described still runs (a zombie does not: it is
+    a killed worker child its parent has not reaped yet)."""
+    try:
+        pid = int(record.get("owner_pid") or 0)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return False
+    return pid > 0 and _process_start_time(pid) == record.get("owner_start") and not _is_zombie(pid)
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -677,8 +694,7 @@ class Sandbox:
     def _write_meta(self, *, kept: bool = False) -> None:
         meta = {
             "kept": kept,
-            "owner_pid": os.getpid(),
-            "owner_start": _process_start_time(os.getpid()),
+            **owner_record(),
             "init_pid": self.init_pid,
             "cgroups": [str(d) for d in self._cgroup.dirs.values()] if self._cgroup and not kept else [],
             "tmpfs": self._tmpfs_mounted and not kept,
@@ -1165,7 +1181,8 @@ def reap_stale_sandboxes(base_dir: Path) -> list[str]:
 
     A sandbox is stale when the process recorded as its owner in meta.json no longer exists
     (or is another process with a reused pid).  Returns the names removed.  Call it when a
-    worker starts, with the base_dir it uses.
+    worker or one of its pool processes starts, with the base_dir it uses: the sandboxes of
+    live processes (siblings in the same pool) are left alone.
     """
     removed: list[str] = []
     if not base_dir.is_dir():
@@ -1175,8 +1192,7 @@ def reap_stale_sandboxes(base_dir: Path) -> list[str]:
             meta = json.loads(meta_path.read_text())
         except (OSError, ValueError):
             continue
-        owner = int(meta.get("owner_pid") or 0)
-        if meta.get("kept") or (owner and _process_start_time(owner) == meta.get("owner_start")):
+        if meta.get("kept") or owner_alive(meta):
             continue  # kept on purpose (stop(delete=False)), or its worker is alive
         sandbox_dir = meta_path.parent
         cgroups = [Path(p) for p in meta.get("cgroups", [])]
