@@ -4,6 +4,12 @@ artifacts to the object store, completion under the lease.
 A keeper thread heartbeats the lease; it is also how cancellation reaches a running
 trial (the heartbeat answers `cancel_requested`) and how a worker learns it lost the
 trial to another (a stale lease): then it stops without writing anything more.
+
+The database may restart under a running trial. Each database phase starts on a live
+connection and retries transient errors for SYNTH_DB_RETRY_SECONDS (apps.core.db): a
+finished attempt's result is written until it commits, unless the lease was lost to
+another holder (fencing), and what the trial holds (its reservation, its credentials, its
+work directory) is given back even when the database is gone.
 """
 
 from __future__ import annotations
@@ -15,15 +21,17 @@ import shutil
 import threading
 import time
 import traceback
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connections
+from django.db import connections
 
 from apps.accounts.models import WorkerIdentity
 from apps.accounts.services import worker_get_or_create
 from apps.core.canonical import canonical_bytes
+from apps.core.db import TRANSIENT_DB_ERRORS, db_fresh, db_retry
 from apps.core.errors import NotFound, StaleLease
 from apps.datasets.services import task_version_materialize
 from apps.objects.services import object_put
@@ -48,16 +56,21 @@ from apps.runs.model_access import (
     model_access_open,
     sandbox_model_options,
 )
-from apps.runs.models import Artifact, Lease, RunKind, Trial, TrialStatus, WorkerNode
+from apps.runs.models import Artifact, Lease, LeaseStatus, Reservation, RunKind, Trial, TrialStatus, WorkerNode
 from apps.runs.services import lease_heartbeat, lease_report
+from apps.runs.workdirs import host_reap, work_dir_make
 
 logger = logging.getLogger(__name__)
 
 ADMISSION_POLL_SECONDS = 0.5
+# After a failed heartbeat, the next one comes this soon (on a new connection), not a
+# whole interval later: a restarted database is back within a second or two.
+HEARTBEAT_RETRY_SECONDS = 0.25
 
 
 class LeaseKeeper(threading.Thread):
-    """Heartbeats a lease until stopped; records cancellation and loss."""
+    """Heartbeats a lease until stopped; records cancellation and loss. Only a stale
+    lease stops it: a database that is down or restarting is beaten again until it is back."""
 
     def __init__(self, *, worker: WorkerIdentity, lease: Lease) -> None:
         super().__init__(name=f"lease-{lease.id}", daemon=True)
@@ -82,21 +95,32 @@ class LeaseKeeper(threading.Thread):
 
     def run(self) -> None:
         try:
-            while not self._halt.wait(self.interval):
-                try:
-                    result = lease_heartbeat(worker=self.worker, lease_id=self.lease.id, fence=self.lease.fence)
-                except StaleLease:
-                    logger.warning("lease %s is stale; stopping trial work", self.lease.id)
-                    self.lost.set()
+            wait = self.interval
+            while not self._halt.wait(wait):
+                wait = self.interval if self._beat() else min(self.interval, HEARTBEAT_RETRY_SECONDS)
+                if self.lost.is_set():
                     return
-                except Exception:  # a database hiccup: try again next beat, the TTL covers it
-                    logger.exception("heartbeat of %s failed", self.lease.id)
-                    close_old_connections()
-                    continue
-                if result.cancel_requested:
-                    self.cancelled.set()
         finally:
             connections.close_all()
+
+    def _beat(self) -> bool:
+        """One heartbeat; False when it did not reach the database."""
+        try:
+            db_fresh()
+            result = lease_heartbeat(worker=self.worker, lease_id=self.lease.id, fence=self.lease.fence)
+        except StaleLease:
+            logger.warning("lease %s is stale; stopping trial work", self.lease.id)
+            self.lost.set()
+            return True
+        except TRANSIENT_DB_ERRORS as exc:
+            logger.warning("heartbeat of %s: database unavailable (%s); beating again", self.lease.id, exc)
+            return False
+        except Exception:  # anything else: try again next beat, the TTL covers a few misses
+            logger.exception("heartbeat of %s failed", self.lease.id)
+            return False
+        if result.cancel_requested:
+            self.cancelled.set()
+        return True
 
     def stop(self) -> None:
         self._halt.set()
@@ -124,189 +148,307 @@ def trial_need(*, trial: Trial, plan: dict[str, Any]) -> Need:
     )
 
 
+@dataclass
+class HeldTrial:
+    """A trial this worker holds: under which lease, with what reserved, how it ended."""
+
+    worker: WorkerIdentity
+    node: WorkerNode
+    lease: Lease
+    trial: Trial
+    keeper: LeaseKeeper
+    reservation: Reservation | None = None
+    outcome: TrialOutcome | None = None
+
+
 def _report(keeper: LeaseKeeper, *events: dict[str, Any]) -> None:
-    lease_report(
-        worker=keeper.worker,
-        lease_id=keeper.lease.id,
-        fence=keeper.lease.fence,
-        local_seq=keeper.next_seq(),
-        events=list(events),
+    # One sequence number for every try: a repeat of a write that did commit is
+    # acknowledged by lease_report, not applied twice.
+    seq = keeper.next_seq()
+    db_retry(
+        write=lambda: lease_report(
+            worker=keeper.worker, lease_id=keeper.lease.id, fence=keeper.lease.fence, local_seq=seq, events=list(events)
+        ),
+        what=f"progress of {keeper.lease.id}",
     )
 
 
 def trial_execute(*, trial_id: str) -> None:
     """Run one trial end to end on this worker. Safe to call twice for the same trial."""
-    node = node_current()
-    worker = worker_get_or_create(name=f"trials@{node.name}")
-    lease = trial_claim(worker=worker, trial_id=trial_id, node_name=node.name)
-    if lease is None:
-        return
-    trial = Trial.objects.select_related("run__spec__actor_version", "task_version__archive", "group").get(pk=trial_id)
-    keeper = LeaseKeeper(worker=worker, lease=lease)
-    keeper.start()
-    reservation = None
-    work = Path(settings.SYNTH_WORK_DIR) / trial.id
+    work_root = Path(settings.SYNTH_WORK_DIR)
     try:
-        plan = trial.run.spec.plan
-        need = trial_need(trial=trial, plan=plan)
-        try:
-            reservation = admission_request(node=node, trial=trial, need=need)
-        except NeverFits as exc:
-            trial_complete(
-                worker=worker,
-                lease=lease,
-                trial_id=trial.id,
-                outcome=TrialOutcome(
-                    status=TrialStatus.FAILED, error_type="ResourcesExceedBudget", error_message=exc.message
-                ),
-            )
-            return
-        waited_since = None
-        while not admission_try(reservation=reservation):
-            if waited_since is None:
-                waited_since = time.monotonic()
-                _report(
-                    keeper,
-                    {
-                        "type": "admission.waiting",
-                        "data": {
-                            "trial": trial.id,
-                            "node": node.name,
-                            "need": need.as_dict(),
-                            "usage": node_usage(node=node),
-                        },
-                    },
-                )
-            if keeper.should_stop:
-                break
-            time.sleep(ADMISSION_POLL_SECONDS)
-        if keeper.lost.is_set():
-            return
-        if keeper.cancelled.is_set():
-            trial_complete(
-                worker=worker,
-                lease=lease,
-                trial_id=trial.id,
-                outcome=TrialOutcome(
-                    status=TrialStatus.CANCELLED,
-                    error_type="Cancelled",
-                    error_message="cancelled while waiting for resources",
-                ),
-            )
-            return
-        if waited_since is not None:
-            _report(
-                keeper,
-                {
-                    "type": "admission.granted",
-                    "data": {
-                        "trial": trial.id,
-                        "waited_sec": round(time.monotonic() - waited_since, 3),
-                        "usage": node_usage(node=node),
-                    },
-                },
-            )
-        trial_mark_running(
-            worker=worker,
-            lease=lease,
-            trial_id=trial.id,
-            data={"task": trial.task_version.name, "attempt": trial.attempt, "node": node.name, "need": need.as_dict()},
-        )
-        task_dir = task_version_materialize(task_version=trial.task_version, dest=work / "task")
-        if plan.get("verifier") == "fresh":
-            task_verifier_fresh(task_dir=task_dir)
-        # A regrade's attempt is over already: its "agent" restores the retained workdir.
-        regrade = trial.source_id is not None
-        recipe = _actor_recipe(trial=trial)
-        judge = _judge_recipe(trial=trial)
-        access = judge_access = None
-        who = "actor"
-        try:
-            if not regrade:
-                access = model_access_open(trial=trial, recipe=recipe)
-            if judge is not None:
-                who = "judge"
-                judge_access = model_access_open(
-                    trial=trial, recipe=judge, binding=_judge_binding(trial=trial), role="judge"
-                )
-        except (ModelAccessError, NotFound) as exc:
-            # Before any sandbox exists: nothing to clean up, and the message says what to fix.
-            if access is not None:
-                model_access_close(access=access)
-            trial_complete(
-                worker=worker,
-                lease=lease,
-                trial_id=trial.id,
-                outcome=TrialOutcome(
-                    status=TrialStatus.FAILED,
-                    error_type="ModelAccessError",
-                    error_message=f"judge: {exc.message}" if who == "judge" else exc.message,
-                ),
-            )
-            return
-        try:
-            if regrade:
-                launch_plan = None
-                agent_config, workdir = _restore_agent_config(trial=trial, task_dir=task_dir, dest=work / "restore")
-                instruction = trial.task_version.instruction
-            else:
-                launch_plan = trial_launch_plan(trial=trial, task_dir=task_dir, recipe=recipe, access=access)
-                agent_config, workdir, instruction = None, launch_plan.workdir, launch_plan.instruction
-            judge_plan = None
-            if judge is not None:
-                judge_plan = trial_launch_plan(
-                    trial=trial,
-                    task_dir=task_dir,
-                    recipe=judge,
-                    access=judge_access,
-                    instruction=judge_instruction(instruction=instruction, workdir=workdir),
-                    logs_dir=JUDGE_LOGS_DIR,
-                )
-            outcome, trial_dir = harbor_trial_run(
-                trial=trial,
-                task_dir=task_dir,
-                trials_dir=work / "trials",
-                launch_plan=launch_plan,
-                keeper=keeper,
-                access=access,
-                judge_plan=judge_plan,
-                judge_access=judge_access,
-                agent_config=agent_config,
-            )
-        finally:
-            # The attempt is over (or never started): its credentials must stop working now,
-            # not when they expire.
-            for opened in (access, judge_access):
-                if opened is not None:
-                    model_access_close(access=opened)
-        if keeper.lost.is_set():
-            return
-        artifacts_publish(trial=trial, trial_dir=trial_dir, launch_plan=launch_plan)
-        trial_complete(worker=worker, lease=lease, trial_id=trial.id, outcome=outcome)
+        host_reap(work_root=work_root)  # a killed sibling's sandboxes and work dirs
+    except Exception:
+        logger.exception("reaping what dead trial processes left failed")
+    held = _trial_hold(trial_id=trial_id)
+    if held is None:
+        return
+    held.keeper.start()
+    work = None
+    try:
+        work = work_dir_make(root=work_root, name=f"{trial_id}.{held.lease.fence}")
+        held.outcome = _trial_attempt(held=held, work=work)
+        if held.outcome is not None:
+            _trial_record(held=held)
     except StaleLease:
         logger.warning("trial %s: lease lost to another holder; its result is theirs", trial_id)
     except Exception as exc:
         # A platform error (not the agent's or the task's): the trial ends with it, visibly.
         logger.exception("trial %s failed in the platform", trial_id)
-        try:
-            trial_complete(
-                worker=worker,
-                lease=lease,
-                trial_id=trial_id,
-                outcome=TrialOutcome(
-                    status=TrialStatus.FAILED,
-                    error_type=type(exc).__name__,
-                    error_message=f"{exc}\n{traceback.format_exc(limit=5)}",
-                ),
-            )
-        except StaleLease:
-            pass
+        _trial_fail(held=held, exc=exc)
     finally:
-        keeper.stop()
-        keeper.join(timeout=5)
-        if reservation is not None:
-            admission_release(reservation=reservation)
-        shutil.rmtree(work, ignore_errors=True)
+        held.keeper.stop()
+        held.keeper.join(timeout=5)
+        _reservation_release(held=held)
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _trial_hold(*, trial_id: str) -> HeldTrial | None:
+    """Claim the trial's lease (None when it is settled or held by another)."""
+    node = db_retry(write=node_current, what="worker node")
+    worker = db_retry(write=lambda: worker_get_or_create(name=f"trials@{node.name}"), what="worker identity")
+    # A claim whose commit was not acknowledged looks held on a repeat: the lease then
+    # lapses unused and the reaper hands the trial out again.
+    lease = db_retry(
+        write=lambda: trial_claim(worker=worker, trial_id=trial_id, node_name=node.name), what=f"claim of {trial_id}"
+    )
+    if lease is None:
+        return None
+    related = ("run__org", "run__spec__actor_version", "run__spec__judge_version", "task_version__archive", "group")
+    trial = db_retry(write=lambda: Trial.objects.select_related(*related).get(pk=trial_id), what=f"trial {trial_id}")
+    return HeldTrial(worker=worker, node=node, lease=lease, trial=trial, keeper=LeaseKeeper(worker=worker, lease=lease))
+
+
+def _trial_attempt(*, held: HeldTrial, work: Path) -> TrialOutcome | None:
+    """Admission, then the attempt. Returns the outcome to record; None when the lease
+    was lost (the trial is someone else's now)."""
+    trial, keeper = held.trial, held.keeper
+    plan = trial.run.spec.plan
+    need = trial_need(trial=trial, plan=plan)
+    refused = _admit(held=held, need=need)
+    if keeper.lost.is_set():
+        return None
+    if refused is not None:
+        return refused
+    db_retry(
+        write=lambda: trial_mark_running(
+            worker=held.worker,
+            lease=held.lease,
+            trial_id=trial.id,
+            data={
+                "task": trial.task_version.name,
+                "attempt": trial.attempt,
+                "node": held.node.name,
+                "need": need.as_dict(),
+            },
+        ),
+        what=f"start of {trial.id}",
+        committed=lambda: Trial.objects.filter(pk=trial.id, status=TrialStatus.RUNNING).exists(),
+    )
+    return _trial_run(held=held, work=work, plan=plan)
+
+
+def _admit(*, held: HeldTrial, need: Need) -> TrialOutcome | None:
+    """Wait until the node's budget admits the trial. An outcome when it ends here instead:
+    its need never fits, or it was cancelled while waiting."""
+    node, trial, keeper = held.node, held.trial, held.keeper
+    try:
+        reservation = db_retry(
+            write=lambda: admission_request(node=node, trial=trial, need=need), what=f"admission of {trial.id}"
+        )
+    except NeverFits as exc:
+        return TrialOutcome(status=TrialStatus.FAILED, error_type="ResourcesExceedBudget", error_message=exc.message)
+    held.reservation = reservation
+    waited_since = None
+    while not db_retry(write=lambda: admission_try(reservation=reservation), what=f"admission of {trial.id}"):
+        if waited_since is None:
+            waited_since = time.monotonic()
+            usage = db_retry(write=lambda: node_usage(node=node), what="node usage")
+            _report(
+                keeper,
+                {
+                    "type": "admission.waiting",
+                    "data": {"trial": trial.id, "node": node.name, "need": need.as_dict(), "usage": usage},
+                },
+            )
+        if keeper.should_stop:
+            break
+        time.sleep(ADMISSION_POLL_SECONDS)
+    if keeper.cancelled.is_set():
+        return TrialOutcome(
+            status=TrialStatus.CANCELLED, error_type="Cancelled", error_message="cancelled while waiting for resources"
+        )
+    if waited_since is not None and not keeper.lost.is_set():
+        usage = db_retry(write=lambda: node_usage(node=node), what="node usage")
+        waited = round(time.monotonic() - waited_since, 3)
+        _report(
+            keeper, {"type": "admission.granted", "data": {"trial": trial.id, "waited_sec": waited, "usage": usage}}
+        )
+    return None
+
+
+def _trial_run(*, held: HeldTrial, work: Path, plan: dict[str, Any]) -> TrialOutcome | None:
+    """The attempt in its sandbox, then its files to the object store."""
+    trial, keeper = held.trial, held.keeper
+    task_dir = task_version_materialize(task_version=trial.task_version, dest=work / "task")
+    if plan.get("verifier") == "fresh":
+        task_verifier_fresh(task_dir=task_dir)
+    # A regrade's attempt is over already: its "agent" restores the retained workdir.
+    regrade = trial.source_id is not None
+    recipe = _actor_recipe(trial=trial)
+    judge = _judge_recipe(trial=trial)
+    access = judge_access = None
+    who = "actor"
+    try:
+        if not regrade:
+            access = db_retry(
+                write=lambda: model_access_open(trial=trial, recipe=recipe), what=f"model access of {trial.id}"
+            )
+        if judge is not None:
+            who = "judge"
+            judge_access = db_retry(
+                write=lambda: model_access_open(
+                    trial=trial, recipe=judge, binding=_judge_binding(trial=trial), role="judge"
+                ),
+                what=f"judge model access of {trial.id}",
+            )
+    except (ModelAccessError, NotFound) as exc:
+        # Before any sandbox exists: nothing to clean up, and the message says what to fix.
+        _access_close(access=access)
+        return TrialOutcome(
+            status=TrialStatus.FAILED,
+            error_type="ModelAccessError",
+            error_message=f"judge: {exc.message}" if who == "judge" else exc.message,
+        )
+    try:
+        if regrade:
+            launch_plan = None
+            agent_config, workdir = db_retry(
+                write=lambda: _restore_agent_config(trial=trial, task_dir=task_dir, dest=work / "restore"),
+                what=f"restore of {trial.id}",
+            )
+            instruction = trial.task_version.instruction
+        else:
+            launch_plan = trial_launch_plan(trial=trial, task_dir=task_dir, recipe=recipe, access=access)
+            agent_config, workdir, instruction = None, launch_plan.workdir, launch_plan.instruction
+        judge_plan = None
+        if judge is not None:
+            judge_plan = trial_launch_plan(
+                trial=trial,
+                task_dir=task_dir,
+                recipe=judge,
+                access=judge_access,
+                instruction=judge_instruction(instruction=instruction, workdir=workdir),
+                logs_dir=JUDGE_LOGS_DIR,
+            )
+        outcome, trial_dir = harbor_trial_run(
+            trial=trial,
+            task_dir=task_dir,
+            trials_dir=work / "trials",
+            launch_plan=launch_plan,
+            keeper=keeper,
+            access=access,
+            judge_plan=judge_plan,
+            judge_access=judge_access,
+            agent_config=agent_config,
+        )
+    finally:
+        # The attempt is over (or never started): its credentials must stop working now,
+        # not when they expire.
+        for opened in (access, judge_access):
+            _access_close(access=opened)
+    if keeper.lost.is_set():
+        return None
+    logger.info(
+        "trial %s: attempt under lease %s (fence %d) ended %s, rewards %s; recording it",
+        trial.id,
+        held.lease.id,
+        held.lease.fence,
+        outcome.status,
+        outcome.rewards,
+    )
+    return _artifacts_publish(held=held, outcome=outcome, trial_dir=trial_dir, launch_plan=launch_plan)
+
+
+def _artifacts_publish(*, held: HeldTrial, outcome: TrialOutcome, trial_dir: Path, launch_plan: Any) -> TrialOutcome:
+    """Publish the trial's files. If that fails for good, the trial fails with the reason
+    and keeps its rewards and timings: the attempt's result is not thrown away with them."""
+    try:
+        db_retry(
+            write=lambda: artifacts_publish(trial=held.trial, trial_dir=trial_dir, launch_plan=launch_plan),
+            what=f"artifacts of {held.trial.id}",
+        )
+    except Exception as exc:
+        logger.exception("trial %s: publishing its files failed", held.trial.id)
+        return replace(
+            outcome,
+            status=TrialStatus.FAILED,
+            error_type=type(exc).__name__,
+            error_message=f"publishing the trial's files failed: {exc}",
+        )
+    return outcome
+
+
+def _lease_completed(*, lease: Lease) -> bool:
+    return Lease.objects.filter(pk=lease.id, fence=lease.fence, status=LeaseStatus.COMPLETED).exists()
+
+
+def _trial_record(*, held: HeldTrial) -> None:
+    """Write the outcome under the lease until it commits. A repeat after a commit whose
+    acknowledgement was lost is recognised by the lease, completed at our fence."""
+    outcome = held.outcome
+    assert outcome is not None
+    db_retry(
+        write=lambda: trial_complete(worker=held.worker, lease=held.lease, trial_id=held.trial.id, outcome=outcome),
+        what=f"result of {held.trial.id}",
+        committed=lambda: _lease_completed(lease=held.lease),
+    )
+
+
+def _trial_fail(*, held: HeldTrial, exc: Exception) -> None:
+    """End the trial with the platform error that stopped it (its rewards and timings if
+    the attempt had finished). Nothing is written when the database stayed away longer
+    than the retries: the lease then lapses and the reaper decides, as for a dead worker."""
+    if isinstance(exc, TRANSIENT_DB_ERRORS):
+        logger.error("trial %s: the database stayed unavailable; its lease will lapse", held.trial.id)
+        return
+    done = held.outcome
+    held.outcome = TrialOutcome(
+        status=TrialStatus.FAILED,
+        rewards=done.rewards if done else None,
+        error_type=type(exc).__name__,
+        error_message=f"{exc}\n{traceback.format_exc(limit=5)}",
+        timings=done.timings if done else {},
+    )
+    try:
+        _trial_record(held=held)
+    except StaleLease:
+        pass
+    except Exception:
+        logger.exception("trial %s: recording its platform error failed", held.trial.id)
+
+
+def _access_close(*, access: ModelAccess | None) -> None:
+    if access is None:
+        return
+    try:
+        db_retry(write=lambda: model_access_close(access=access), what="credential revocation")
+    except Exception:  # it still expires on its own; the trial's result matters more
+        logger.exception("revoking credential %s failed", access.credential.pk)
+
+
+def _reservation_release(*, held: HeldTrial) -> None:
+    """Give the node's resources back, whatever happened to the trial or the database."""
+    reservation = held.reservation
+    if reservation is None:
+        return
+    try:
+        db_retry(
+            write=lambda: admission_release(reservation=reservation), what=f"release of {held.trial.id}'s resources"
+        )
+    except Exception:
+        logger.exception("releasing the reservation of trial %s failed", held.trial.id)
 
 
 def _actor_recipe(*, trial: Trial) -> dict[str, Any]:
@@ -510,7 +652,7 @@ def harbor_trial_run(
     def revoke() -> None:
         try:
             if access is not None:
-                model_access_close(access=access)
+                db_retry(write=lambda: model_access_close(access=access), what="credential revocation")
         finally:
             connections.close_all()  # this thread's own connection
 
