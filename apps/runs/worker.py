@@ -379,6 +379,8 @@ def _artifacts_publish(*, held: HeldTrial, outcome: TrialOutcome, trial_dir: Pat
             write=lambda: artifacts_publish(trial=held.trial, trial_dir=trial_dir, launch_plan=launch_plan),
             what=f"artifacts of {held.trial.id}",
         )
+    except TRANSIENT_DB_ERRORS:
+        raise  # the database, not the files: nothing could be recorded either
     except Exception as exc:
         logger.exception("trial %s: publishing its files failed", held.trial.id)
         return replace(
