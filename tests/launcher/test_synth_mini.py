@@ -376,7 +376,6 @@ def test_tool_failures_are_is_error_results(tmp_path, api_factory):
     assert results["g"]["content"] == "line3\nline4\n\n[lines 3-4 of 10]"
     # A background process does not hold the call open until it ends.
     assert results["h"]["content"] == "started\n" and "is_error" not in results["h"]
-    assert ran.seconds < 15
 
 
 @needs_host_python

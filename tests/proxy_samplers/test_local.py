@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -219,16 +219,32 @@ def test_concurrent_requests_match_sequential_ones(tiny: LocalTorchSampler) -> N
     assert ticks > 5  # the event loop kept running while the model worked
 
 
-def test_cancelled_request_stops_generating(tiny: LocalTorchSampler) -> None:
-    async def run() -> float:
+def test_cancelled_request_stops_generating(tiny: LocalTorchSampler, monkeypatch) -> None:
+    # A generation whose cancel event is set stops after the token it is drawing.
+    cancel = threading.Event()
+    cancel.set()
+    assert len(tiny.sample_blocking(req(max_tokens=5000, seed=1), cancel).token_ids) == 1
+    # And a caller that goes away sets that event (the thread is not left generating).
+    seen: list[threading.Event] = []
+    started = threading.Event()
+    real = tiny.sample_blocking
+
+    def watched(request, cancel=None):  # type: ignore[no-untyped-def]
+        seen.append(cancel)
+        started.set()
+        return real(request, cancel)
+
+    monkeypatch.setattr(tiny, "sample_blocking", watched)
+
+    async def run() -> None:
         long = asyncio.create_task(tiny.sample(req(max_tokens=5000, seed=1)))
-        await asyncio.sleep(0.3)
+        await asyncio.to_thread(started.wait)
         long.cancel()
         with pytest.raises(asyncio.CancelledError):
             await long
-        start = time.monotonic()
-        await tiny.sample(req(max_tokens=2))
-        return time.monotonic() - start
 
-    # 5000 tokens would take about a minute; the cancelled loop stops at its next token.
-    assert asyncio.run(run()) < 5.0
+    asyncio.run(run())
+    assert seen and seen[0].is_set()
+    assert tiny.sample_blocking(req(max_tokens=2)).token_ids  # the model is free again
+
+

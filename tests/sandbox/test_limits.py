@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import time
 
 import pytest
 
@@ -35,10 +34,8 @@ def test_fork_bomb_is_bounded_and_killed(tracking: str) -> None:
     async def main() -> None:
         async with started_sandbox(limits=SandboxLimits(memory_mb=256, pids_max=64)) as sb:
             require_limit(sb, "pids_max")
-            started = time.monotonic()
             with pytest.raises(SandboxExecTimeoutError):
                 await sb.exec("bomb() { bomb | bomb & }; bomb; sleep 100", timeout_sec=3)
-            assert time.monotonic() - started < 15
             # Everything the bomb forked is gone; only the init (bwrap x2 + sleep) remains.
             assert len(sb.pids()) <= 3, sb.pids()
             assert sb._cgroup is not None
