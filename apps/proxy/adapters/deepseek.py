@@ -119,7 +119,8 @@ TOOLS_FOOTER = (
 _FENCED_ARGS = re.compile(r"\A\s*```(?:json)?[ \t]*\n?(.*?)\n?[ \t]*```\s*\Z", re.DOTALL)
 
 
-def tools_section(tools: list[dict[str, Any]]) -> str:
+def tools_section(tools: list[dict[str, Any]], *, footer: str = TOOLS_FOOTER) -> str:
+    """The tool list of the system prompt; ``footer`` states the call syntax of the version."""
     parts = [TOOLS_HEADER]
     for tool in tools:
         fn = tool["function"]
@@ -127,7 +128,7 @@ def tools_section(tools: list[dict[str, Any]]) -> str:
             f"### {fn['name']}\nDescription: {fn.get('description') or ''}\n\n"
             f"Parameters: {json.dumps(fn.get('parameters', {}))}\n\n"
         )
-    parts.append(TOOLS_FOOTER)
+    parts.append(footer)
     return "".join(parts)
 
 

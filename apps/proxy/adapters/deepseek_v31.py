@@ -70,6 +70,7 @@ from apps.proxy.adapters.deepseek import (
     USER,
     DeepSeekAdapter,
 )
+from apps.proxy.adapters.deepseek import tools_section as r1_tools_section
 from apps.proxy.adapters.qwen import thinking_enabled, to_chat_messages
 from apps.proxy.adapters.template_base import Chunk
 
@@ -77,7 +78,6 @@ NO_THINK_HEADER = ASSISTANT + THINK_CLOSE
 THINK_HEADER = ASSISTANT + THINK_OPEN
 
 # V3.1's model card tool description, in V3.1's call syntax.
-TOOLS_HEADER = "## Tools\nYou have access to the following tools:\n\n"
 TOOLS_FOOTER = (
     "IMPORTANT: ALWAYS adhere to this exact format for tool use:\n"
     f"{CALLS_BEGIN}{CALL_BEGIN}tool_call_name{TOOL_SEP}tool_call_arguments{CALL_END}"
@@ -91,15 +91,7 @@ TOOLS_FOOTER = (
 
 
 def tools_section(tools: list[dict[str, Any]]) -> str:
-    parts = [TOOLS_HEADER]
-    for tool in tools:
-        fn = tool["function"]
-        parts.append(
-            f"### {fn['name']}\nDescription: {fn.get('description') or ''}\n\n"
-            f"Parameters: {json.dumps(fn.get('parameters', {}))}\n\n"
-        )
-    parts.append(TOOLS_FOOTER)
-    return "".join(parts)
+    return r1_tools_section(tools, footer=TOOLS_FOOTER)
 
 
 def arguments_text(arguments: Any) -> str:
