@@ -87,3 +87,29 @@ def make_dataset_of(*, org: Organization, name: str, version: str, task_versions
     for i, tv in enumerate(task_versions):
         DatasetVersionTask.objects.create(dataset_version=dsv, position=i, task_version=tv)
     return dsv
+
+
+TRAIN_RECIPE: dict[str, Any] = {"model": {"route": "qwen3-8b"}, "engine": {"name": "synth-mini", "version": "1"}}
+
+
+def make_train_run(*, org: Organization, tasks: int = 3, **plan: Any) -> Any:
+    """A train run admitted, scheduled and dispatched on the default route (no broker: the
+    on-commit enqueues do not fire in these tests), with ``plan`` over two steps of 2x2."""
+    from apps.proxy.services import DEFAULT_ROUTE, route_upsert
+    from apps.runs.execution import run_dispatch
+    from apps.runs.models import Run
+    from apps.runs.services import run_schedule, run_submit
+
+    route_upsert(**DEFAULT_ROUTE)
+    profile = make_profile_version(org=org, name="mini", recipe=TRAIN_RECIPE)
+    dataset = make_dataset_version(org=org, tasks=tasks)
+    body = {
+        "kind": "train",
+        "dataset": dataset.reference,
+        "actor": {"profile": profile.profile.name, "version": profile.version},
+        "plan": {"steps": 2, "batch_size": 2, "group_size": 2, **plan},
+    }
+    run, _ = run_submit(org=org, user=None, idempotency_key="train", body=body)
+    run_schedule(run_id=run.id)
+    run_dispatch(run_id=run.id)
+    return Run.objects.get(pk=run.pk)

@@ -9,7 +9,6 @@ import pytest
 from django.utils import timezone
 
 from apps.accounts.services import worker_get_or_create
-from apps.proxy.services import DEFAULT_ROUTE, route_upsert
 from apps.runs.admission import Budget, node_register
 from apps.runs.execution import run_dispatch, trial_claim, trials_enqueue
 from apps.runs.models import (
@@ -27,7 +26,7 @@ from apps.runs.services import run_schedule, run_submit
 from apps.runs.sweeper import sweep_tick
 from apps.training.models import LearningUpdate, Trainer, TrainerStatus, UpdateStatus
 from apps.training.services import training_start
-from tests.factories import make_dataset_version, make_profile_version
+from tests.factories import make_train_run
 
 pytestmark = pytest.mark.django_db
 
@@ -190,23 +189,9 @@ def test_a_lapsed_lease_is_reaped_and_noted(alice, inputs):
 
 # --------------------------------------------------------------------------- training
 
-RECIPE = {"model": {"route": "qwen3-8b"}, "engine": {"name": "synth-mini", "version": "1"}}
-
 
 def train_run(member) -> Run:
-    route_upsert(**DEFAULT_ROUTE)
-    profile = make_profile_version(org=member.org, name="mini", recipe=RECIPE)
-    dataset = make_dataset_version(org=member.org, tasks=3)
-    body = {
-        "kind": "train",
-        "dataset": dataset.reference,
-        "actor": {"profile": profile.profile.name, "version": profile.version},
-        "plan": {"steps": 2, "batch_size": 2, "group_size": 2},
-    }
-    run, _ = run_submit(org=member.org, user=None, idempotency_key="t", body=body)
-    run_schedule(run_id=run.id)
-    run_dispatch(run_id=run.id)
-    return Run.objects.get(pk=run.pk)
+    return make_train_run(org=member.org)
 
 
 def updating(member) -> tuple[Run, Trainer]:

@@ -8,32 +8,18 @@ from django.db import transaction
 
 from apps.proxy.models import ModelRoute
 from apps.proxy.services import DEFAULT_ROUTE, route_upsert
-from apps.runs.execution import _trial_settle, run_dispatch
+from apps.runs.execution import _trial_settle
 from apps.runs.models import Run, RunStatus, SamplingGroup, Trial
-from apps.runs.services import run_cancel, run_submit
+from apps.runs.services import run_cancel
 from apps.training.models import LearningUpdate, Trainer, TrainerStatus, UpdateStatus
 from apps.training.services import step_settled, training_start, update_apply
-from tests.factories import make_dataset_version, make_profile_version
+from tests.factories import make_train_run
 
 pytestmark = pytest.mark.django_db
 
-RECIPE = {"model": {"route": "qwen3-8b"}, "engine": {"name": "synth-mini", "version": "1"}}
-
 
 def _train_run(member, **plan) -> Run:
-    route_upsert(**DEFAULT_ROUTE)
-    profile = make_profile_version(org=member.org, name="mini", recipe=RECIPE)
-    dataset = make_dataset_version(org=member.org, tasks=3)
-    body = {
-        "kind": "train",
-        "dataset": dataset.reference,
-        "actor": {"profile": profile.profile.name, "version": profile.version},
-        "plan": {"steps": 2, "batch_size": 2, "group_size": 2, **plan},
-    }
-    run, _ = run_submit(org=member.org, user=None, idempotency_key="k", body=body)
-    Run.objects.filter(pk=run.pk).update(status=RunStatus.QUEUED)
-    run_dispatch(run_id=run.id)  # on_commit never fires in these tests: no broker needed
-    return Run.objects.get(pk=run.pk)
+    return make_train_run(org=member.org, **plan)
 
 
 def _settle_step(run: Run, step: int, rewards: list[float]) -> None:

@@ -16,17 +16,13 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from apps.proxy.services import DEFAULT_ROUTE, route_upsert
-from apps.runs.execution import run_dispatch
 from apps.runs.models import GroupStatus, Run, RunEvent, RunStatus, SamplingGroup, Trial, TrialStatus
-from apps.runs.services import run_schedule, run_submit
 from apps.runs.sweeper import sweep_tick
 from apps.training.models import LearningUpdate, Trainer, TrainerStatus, UpdateStatus
 from apps.training.services import training_start, update_apply
-from tests.factories import make_dataset_version, make_profile_version
+from tests.factories import make_train_run
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPE = {"model": {"route": "qwen3-8b"}, "engine": {"name": "synth-mini", "version": "1"}}
 
 # What update_apply does up to its optimizer step, in a process of its own; then it waits.
 HOLDER = """
@@ -46,18 +42,7 @@ time.sleep(600)
 
 
 def updating(member) -> tuple[Run, LearningUpdate]:
-    route_upsert(**DEFAULT_ROUTE)
-    profile = make_profile_version(org=member.org, name="mini", recipe=RECIPE)
-    dataset = make_dataset_version(org=member.org, tasks=2)
-    body = {
-        "kind": "train",
-        "dataset": dataset.reference,
-        "actor": {"profile": profile.profile.name, "version": profile.version},
-        "plan": {"steps": 2, "batch_size": 2, "group_size": 2},
-    }
-    run, _ = run_submit(org=member.org, user=None, idempotency_key="t", body=body)
-    run_schedule(run_id=run.id)
-    run_dispatch(run_id=run.id)
+    run = make_train_run(org=member.org, tasks=2)
     training_start(run_id=run.id)
     Trial.objects.filter(run=run).update(status=TrialStatus.SUCCEEDED, reward=1.0, queued_at=timezone.now())
     SamplingGroup.objects.filter(run=run).update(status=GroupStatus.SETTLED)
