@@ -246,5 +246,3 @@ def test_cancelled_request_stops_generating(tiny: LocalTorchSampler, monkeypatch
     asyncio.run(run())
     assert seen and seen[0].is_set()
     assert tiny.sample_blocking(req(max_tokens=2)).token_ids  # the model is free again
-
-
