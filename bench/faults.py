@@ -248,7 +248,7 @@ class Cluster:
         return proc
 
     def proxy(self) -> Proc:
-        from apps.runs.model_access import proxy_listening
+        from apps.trials.model_access import proxy_listening
 
         socket_path = Path(self.env["SYNTH_PROXY_SOCKET"])
         socket_path.unlink(missing_ok=True)
@@ -1035,7 +1035,7 @@ def summary(results: list[Result]) -> dict[str, Any]:
 
 def host_clean(hosts: list[Host]) -> None:
     """Between scenarios (every worker stopped): nothing of one is left for the next."""
-    from apps.runs.sandbox.sandbox import reap_stale_sandboxes
+    from synth_sandbox.sandbox import reap_stale_sandboxes
 
     for host in hosts:
         reap_stale_sandboxes(host.sandbox_root)

@@ -33,7 +33,7 @@ if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-ge
 fi
 
 # Claude Code, pinned in package.json / package-lock.json: node_modules/.bin/claude is bound
-# read-only into local sandboxes (apps/runs/model_access.py). Needs node + npm; reinstalled
+# read-only into local sandboxes (apps/trials/model_access.py). Needs node + npm; reinstalled
 # only when the lock file changes.
 if command -v npm >/dev/null 2>&1; then
   npm_stamp=node_modules/.package-lock.sha256

@@ -1,5 +1,5 @@
 """`synth agent run`: one attempt on a local task folder, with the launcher and sandbox the
-trials workers use (apps.profiles.launcher, apps.runs.agents, the local bubblewrap
+trials workers use (synth_launcher.launcher, synth_launcher.harbor_agent, the local bubblewrap
 sandbox). Unlike every other command this one executes locally, so it imports the
 platform's execution code (lazily: `synth --help` and the HTTP commands never do).
 """
@@ -50,10 +50,17 @@ def agent_run_local(*, recipe: dict[str, Any], task_dir: Path, out_dir: Path | N
     from harbor.trial.trial import Trial as HarborTrial
 
     from apps.core.errors import ServiceError
-    from apps.profiles.launcher import AttemptBinding, Bindings, LaunchError, RunBinding, TaskBinding, launch_plan_build
-    from apps.runs.agents import recipe_agent_config
-    from apps.runs.boundary import trial_boundary_install
     from apps.runs.evaluation import VERIFIER_ERROR
+    from synth_launcher.harbor_agent import recipe_agent_config
+    from synth_launcher.launcher import (
+        AttemptBinding,
+        Bindings,
+        LaunchError,
+        RunBinding,
+        TaskBinding,
+        launch_plan_build,
+    )
+    from synth_sandbox.boundary import trial_boundary_install
 
     try:
         harbor_task = HarborTask(task_dir)
@@ -81,7 +88,7 @@ def agent_run_local(*, recipe: dict[str, Any], task_dir: Path, out_dir: Path | N
         trial_name=attempt_id,
         trials_dir=trials_dir,
         agent=recipe_agent_config(plan=plan, task_dir=task_dir.resolve()),
-        environment=EnvironmentConfig(import_path="apps.runs.sandbox.environment:LocalSandboxEnvironment"),
+        environment=EnvironmentConfig(import_path="synth_sandbox.environment:LocalSandboxEnvironment"),
     )
 
     async def main() -> tuple[Any, str | None]:

@@ -50,6 +50,15 @@ def env_secret(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name, default)
 
 
+def env_choice(name: str, default: str, *, choices: tuple[str, ...]) -> str:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.upper() not in choices:
+        raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+    return raw.upper()
+
+
 # GENERAL
 # ------------------------------------------------------------------------------
 DEBUG = env_bool("SYNTH_DEBUG", False)
@@ -84,6 +93,7 @@ INSTALLED_APPS = [
     "apps.datasets",
     "apps.profiles",
     "apps.runs",
+    "apps.trials",
     "apps.proxy",
     "apps.training",
 ]
@@ -252,12 +262,16 @@ SYNTH_DB_RETRY_SECONDS = env_int("SYNTH_DB_RETRY_SECONDS", 2 * SYNTH_LEASE_TTL_S
 
 # LOGGING
 # ------------------------------------------------------------------------------
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+SYNTH_LOG_LEVEL = env_choice("SYNTH_LOG_LEVEL", "INFO", choices=LOG_LEVELS)
+# Harbor's own logger (trial progress lines in the trials worker, and in `synth agent run`).
+SYNTH_HARBOR_LOG_LEVEL = env_choice("SYNTH_HARBOR_LOG_LEVEL", "INFO", choices=LOG_LEVELS)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("SYNTH_LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": SYNTH_LOG_LEVEL},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
     },
@@ -277,7 +291,7 @@ SYNTH_WORKER_STORAGE_MB = env_int("SYNTH_WORKER_STORAGE_MB", 50 * 1024)
 SYNTH_WORK_DIR = Path(os.environ.get("SYNTH_WORK_DIR") or VAR_DIR / "work")
 # Harbor environment used when a plan does not name one: the local bubblewrap sandbox.
 SYNTH_DEFAULT_ENVIRONMENT = os.environ.get(
-    "SYNTH_DEFAULT_ENVIRONMENT", "apps.runs.sandbox.environment:LocalSandboxEnvironment"
+    "SYNTH_DEFAULT_ENVIRONMENT", "synth_sandbox.environment:LocalSandboxEnvironment"
 )
 SYNTH_ARTIFACT_MAX_BYTES = env_int("SYNTH_ARTIFACT_MAX_BYTES", 64 * 1024 * 1024)
 
@@ -292,7 +306,7 @@ SYNTH_WEIGHTS_CACHE_KEEP = env_int("SYNTH_WEIGHTS_CACHE_KEEP", 16)
 # Where operators' harnesses (synth claude) reach the proxy; the gateway serves /v1 too.
 SYNTH_PROXY_PUBLIC_URL = os.environ.get("SYNTH_PROXY_PUBLIC_URL", "").rstrip("/") or None
 # The proxy serves the Anthropic endpoints on this Unix socket (uvicorn --uds); trials
-# workers on the same host bridge each sandbox to it (apps.runs.model_access).
+# workers on the same host bridge each sandbox to it (apps.trials.model_access).
 SYNTH_PROXY_SOCKET = Path(os.environ.get("SYNTH_PROXY_SOCKET") or VAR_DIR / "run" / "proxy.sock")
 # The bridge's port on a sandbox's own 127.0.0.1 (ANTHROPIC_BASE_URL inside).
 SYNTH_SANDBOX_MODEL_PORT = env_int("SYNTH_SANDBOX_MODEL_PORT", 18080)

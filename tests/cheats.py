@@ -1,5 +1,5 @@
 """A reward-hacking agent: tricks that make a do-nothing attempt score 1 unless the agent and
-verification phases are really separated (apps.runs.boundary). Shared by the sandbox, CLI,
+verification phases are really separated (synth_sandbox.boundary). Shared by the sandbox, CLI,
 evaluation and training tests.
 
 Every process technique starts a loop that outlives the agent and, as soon as the verifier's

@@ -82,7 +82,7 @@ class ParsedTask:
     archive: bytes
     digest: str  # sha256 of `archive`
     files: tuple[str, ...] = field(default=())
-    # The local sandbox's verdict (apps.runs.sandbox.support): a task it cannot run is still
+    # The local sandbox's verdict (synth_sandbox.support): a task it cannot run is still
     # imported (other environments may run it), and runs in the local sandbox refuse it early.
     local_support: dict[str, Any] = field(default_factory=dict)
 
@@ -409,7 +409,7 @@ def task_dir_parse(
     from harbor.models.task.paths import TaskPaths
     from harbor.models.task.task import Task
 
-    from apps.runs.sandbox.support import describe_task_support
+    from synth_sandbox.support import describe_task_support
 
     task_dir = Path(task_dir)
     label = label or task_dir.name

@@ -13,9 +13,9 @@ from django.db.models import Max
 from apps.accounts.models import Organization
 from apps.core.canonical import canonical_bytes, sha256_hex
 from apps.core.errors import ValidationFailed
-from apps.profiles.launcher import LaunchError, recipe_launch_check
 from apps.profiles.models import AgentProfile, ProfileVersion
 from apps.profiles.schema import MAX_RECIPE_BYTES, recipe_validate
+from synth_launcher.launcher import LaunchError, recipe_launch_check
 
 # Lower case only, so that "Claude" and "claude" cannot be two profiles; no "/" or "@",
 # which separate the parts of references such as team/name@3.

@@ -263,7 +263,7 @@ class WorkerNodeAdmin(ReadOnlyAdmin):
 
     @admin.display(description="in use (slots / cpus / MB / waiting)")
     def usage(self, node: WorkerNode) -> str:
-        from apps.runs.admission import node_usage
+        from apps.trials.admission import node_usage
 
         u = node_usage(node=node)
         return f"{u['slots']} / {u['cpus']:g} / {u['memory_mb']} / {u['waiting']} waiting"

@@ -198,7 +198,7 @@ def run_complete(*, run_id: str, error: str = "", extra_summary: dict[str, Any] 
 
 def trials_enqueue(*, run_id: str) -> list[str]:
     """Hand pending trials to the trials queue, keeping at most max_concurrency in flight."""
-    from apps.runs.tasks import trial_execute_task
+    from apps.trials.tasks import trial_execute_task
 
     with transaction.atomic():
         run = Run.objects.select_for_update(of=("self",)).select_related("spec").get(pk=run_id)
@@ -302,7 +302,7 @@ def _primary_reward(rewards: dict[str, float] | None) -> float | None:
 def trial_complete(*, worker: WorkerIdentity, lease: Lease, trial_id: str, outcome: TrialOutcome) -> None:
     """Record a trial's end under its lease; settle its group and the run when they end.
     The lease's reservations are released in the same transaction."""
-    from apps.runs.admission import reservations_release
+    from apps.trials.admission import reservations_release
 
     with transaction.atomic():
         run, locked = _locked_active_lease(lease_id=lease.id, fence=lease.fence, worker=worker)

@@ -223,7 +223,8 @@ def plan_uses_local_sandbox(*, plan: dict[str, Any]) -> bool:
     "local" with the local sandbox as the deployment's default, or the sandbox's import path)."""
     from django.conf import settings
 
-    from apps.runs.sandbox import ENVIRONMENT_IMPORT_PATH
+    from synth_sandbox import ENVIRONMENT_IMPORT_PATH, MOVED_IMPORT_PATHS
 
     name = plan.get("environment") or "local"
-    return (settings.SYNTH_DEFAULT_ENVIRONMENT if name == "local" else name) == ENVIRONMENT_IMPORT_PATH
+    name = settings.SYNTH_DEFAULT_ENVIRONMENT if name == "local" else name
+    return MOVED_IMPORT_PATHS.get(name, name) == ENVIRONMENT_IMPORT_PATH

@@ -151,7 +151,7 @@ def _existing_run(*, org: Organization, idempotency_key: str, request_digest: st
 def _trainable_check(*, binding: dict[str, Any]) -> None:
     """A train run must bind a model route that exists and may be trained: refused at
     submission rather than failing once admitted."""
-    from apps.runs.model_access import model_route_get  # lazy: runs' models do not depend on the proxy
+    from apps.trials.model_access import model_route_get  # lazy: runs' models do not depend on the proxy
 
     name = binding.get("route")
     if not name:
@@ -538,7 +538,7 @@ def lease_release(*, worker: WorkerIdentity, lease_id: str, fence: int, reason: 
 def _work_return(*, run: Run, lease: Lease, why: str) -> None:
     """What a lease held goes back when the lease ends without an outcome: its reservations
     are released, a trial is requeued (or lost, or cancelled), a whole run queued again."""
-    from apps.runs.admission import reservations_release
+    from apps.trials.admission import reservations_release
 
     reservations_release(lease=lease, why=why)
     if lease.unit.startswith("trial:"):

@@ -145,7 +145,7 @@ def _leases(*, counts: dict[str, int], now: datetime, limit: int) -> None:
 def _reservations(*, counts: dict[str, int], limit: int) -> None:
     """Reservations still open although their lease or their trial has ended (a holder that
     died between ending its trial and releasing, a lease that ended outside the reaper)."""
-    from apps.runs.admission import admission_release
+    from apps.trials.admission import admission_release
 
     stale = list(
         Reservation.objects.filter(status__in=[ReservationStatus.WAITING, ReservationStatus.HELD])
@@ -241,7 +241,7 @@ def _runs_cancelling(*, counts: dict[str, int], now: datetime, limit: int) -> No
 def _trials_lost_messages(*, counts: dict[str, int], now: datetime, limit: int) -> None:
     """Pending trials handed to the trials queue long ago and never claimed: hand them over
     again (queued_at restarts, so each is handed over at most once per grace period)."""
-    from apps.runs.tasks import trial_execute_task
+    from apps.trials.tasks import trial_execute_task
 
     grace = timedelta(seconds=settings.SYNTH_SWEEP_TRIAL_GRACE_SECONDS)
     cutoff = now - grace

@@ -86,7 +86,7 @@ def test_a_local_run_over_such_a_dataset_is_refused_at_submission(alice, mixed_t
     for plan in (
         {},
         {"environment": "local"},
-        {"environment": "apps.runs.sandbox.environment:LocalSandboxEnvironment"},
+        {"environment": "synth_sandbox.environment:LocalSandboxEnvironment"},
     ):
         response = _submit(alice, reference, actor, **plan)
         assert response.status_code == 400, response.json()

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from apps.runs.model_access import proxy_listening
-from tests.execution.conftest import ROOT, Stack, stack  # noqa: F401 - the stack fixture, shared
+from apps.trials.model_access import proxy_listening
+from tests.trials.conftest import ROOT, Stack, stack  # noqa: F401 - the stack fixture, shared
 
 # Built once per machine (idempotent) and shared with tests/proxy.
 TOKENIZER_DIR = Path("/tmp/synth-test-tokenizers")

@@ -25,9 +25,9 @@ from apps.profiles.services import profile_publish
 from apps.proxy.models import Delivery, Integrity, Interaction
 from apps.proxy.services import route_upsert
 from apps.runs.models import Artifact, Run, Trial
-from tests.execution.conftest import EXAMPLES, wait_for
 from tests.harness import script
 from tests.harness.conftest import proxy_start
+from tests.trials.conftest import EXAMPLES, wait_for
 
 CLAUDE = Path(settings.SYNTH_CLAUDE_CODE_BIN)
 

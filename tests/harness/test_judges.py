@@ -13,10 +13,10 @@ from apps.datasets.services import dataset_import_dir
 from apps.proxy.models import Eligibility, Interaction
 from apps.proxy.services import DEFAULT_ROUTE, route_upsert
 from apps.runs.models import Artifact, Trial
-from tests.execution.conftest import EXAMPLES
-from tests.execution.test_end_to_end import finished, publish
-from tests.execution.test_judges import submit_judged
 from tests.harness.conftest import proxy_start
+from tests.trials.conftest import EXAMPLES
+from tests.trials.test_end_to_end import finished, publish
+from tests.trials.test_judges import submit_judged
 
 pytestmark = [pytest.mark.slow]
 

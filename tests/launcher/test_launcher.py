@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from apps.profiles.launcher import (
+from synth_launcher.launcher import (
     CLAUDE_CODE_ARGV,
     CREDENTIAL_MARKER,
     AttemptBinding,

@@ -1,5 +1,5 @@
 """A reward means what it says: real Harbor trials in the local sandbox, with and without the
-agent/verification boundary (apps.runs.boundary).
+agent/verification boundary (synth_sandbox.boundary).
 
 Each cheating technique is first shown to work against a bare Harbor trial (the control: the
 do-nothing attempt scores 1), then to score 0 once the boundary is installed. Verifications
@@ -20,14 +20,14 @@ from typing import Any
 
 import pytest
 
-from apps.profiles.launcher import AttemptBinding, Bindings, RunBinding, TaskBinding, launch_plan_build
-from apps.runs.agents import recipe_agent_config
-from apps.runs.boundary import TrialBoundary, task_verifier_fresh, trial_boundary_install
+from synth_launcher.harbor_agent import recipe_agent_config
+from synth_launcher.launcher import AttemptBinding, Bindings, RunBinding, TaskBinding, launch_plan_build
+from synth_sandbox.boundary import TrialBoundary, task_verifier_fresh, trial_boundary_install
 from tests.cheats import TECHNIQUES, cheating_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 ROMAN = ROOT / "examples/tasks/implement-roman"
-ENVIRONMENT = "apps.runs.sandbox.environment:LocalSandboxEnvironment"
+ENVIRONMENT = "synth_sandbox.environment:LocalSandboxEnvironment"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -308,7 +308,7 @@ def test_the_harbor_templates_as_written(tmp_path):
     network, reaches reward 1 with its solution (the separate mode: tests/sandbox/
     test_dockerfile_build.py); its pytest template for separate mode copies a tool from another
     image, which the local sandbox refuses by name before anything runs."""
-    from apps.runs.sandbox.support import check_task_supported
+    from synth_sandbox.support import check_task_supported
 
     shared = _harbor_template(tmp_path / "shared", mode="shared")
     (shared / "tests" / "test.sh").write_text(

@@ -1,4 +1,4 @@
-"""The built-in minimal agent, synth-mini (apps/runs/mini_agent.py).
+"""The built-in minimal agent, synth-mini (synth_launcher/mini_agent.py).
 
 Three layers:
 
@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from apps.profiles.launcher import (
+from synth_launcher.launcher import (
     SYNTH_MINI_PATH,
     AttemptBinding,
     Bindings,
@@ -50,7 +50,7 @@ from apps.profiles.launcher import (
 
 MINI = Path(__file__).resolve().parents[2] / "apps" / "runs" / "mini_agent.py"
 HOST_PYTHON = "/usr/bin/python3"  # what the sandbox sees (its /usr is the host's, read-only)
-ENVIRONMENT = os.environ.get("SYNTH_TEST_ENVIRONMENT", "apps.runs.sandbox.environment:LocalSandboxEnvironment")
+ENVIRONMENT = os.environ.get("SYNTH_TEST_ENVIRONMENT", "synth_sandbox.environment:LocalSandboxEnvironment")
 
 needs_host_python = pytest.mark.skipif(not os.access(HOST_PYTHON, os.X_OK), reason=f"no {HOST_PYTHON}")
 
@@ -571,7 +571,7 @@ def test_trial_through_the_real_proxy(tmp_path, proxy_socket):
     from apps.accounts.services import model_credential_issue
     from apps.proxy.models import Interaction
     from apps.proxy.tokenizers import tokenizer_load
-    from apps.runs.agents import recipe_agent_config
+    from synth_launcher.harbor_agent import recipe_agent_config
     from tests.conftest import make_member
     from tests.proxy.conftest import TOKENIZER_DIR, make_route, scripted
 

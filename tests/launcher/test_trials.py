@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from apps.profiles.launcher import (
+from synth_launcher.harbor_agent import recipe_agent_config
+from synth_launcher.launcher import (
     AttemptBinding,
     Bindings,
     LaunchPlan,
@@ -22,10 +23,9 @@ from apps.profiles.launcher import (
     TaskBinding,
     launch_plan_build,
 )
-from apps.runs.agents import recipe_agent_config
 
 # Overridable so the same tests can run against another Harbor environment.
-ENVIRONMENT = os.environ.get("SYNTH_TEST_ENVIRONMENT", "apps.runs.sandbox.environment:LocalSandboxEnvironment")
+ENVIRONMENT = os.environ.get("SYNTH_TEST_ENVIRONMENT", "synth_sandbox.environment:LocalSandboxEnvironment")
 CREDENTIAL = "sk-synth-scoped-6f1c0ffee0ddba11"
 
 

@@ -9,7 +9,6 @@ import pytest
 from django.utils import timezone
 
 from apps.accounts.services import worker_get_or_create
-from apps.runs.admission import Budget, node_register
 from apps.runs.execution import run_dispatch, trial_claim, trials_enqueue
 from apps.runs.models import (
     GroupStatus,
@@ -26,6 +25,7 @@ from apps.runs.services import run_schedule, run_submit
 from apps.runs.sweeper import sweep_tick
 from apps.training.models import LearningUpdate, Trainer, TrainerStatus, UpdateStatus
 from apps.training.services import training_start
+from apps.trials.admission import Budget, node_register
 from tests.factories import make_train_run
 
 pytestmark = pytest.mark.django_db

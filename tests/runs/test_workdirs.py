@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from apps.runs.sandbox.sandbox import owner_alive, owner_record
-from apps.runs.workdirs import OWNER_FILE, work_dir_make, work_dirs_reap
+from apps.trials.workdirs import OWNER_FILE, work_dir_make, work_dirs_reap
+from synth_sandbox.sandbox import owner_alive, owner_record
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _other_process(owner_file: Path) -> subprocess.Popen:
     """A process that records itself as a work dir's owner, then idles until killed."""
     code = (
-        "import json, sys, time; from apps.runs.sandbox.sandbox import owner_record; "
+        "import json, sys, time; from synth_sandbox.sandbox import owner_record; "
         "open(sys.argv[1], 'w').write(json.dumps(owner_record())); time.sleep(300)"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, str(owner_file)], cwd=ROOT)

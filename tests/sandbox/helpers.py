@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from apps.runs.sandbox.sandbox import Sandbox, SandboxLimits
+from synth_sandbox.sandbox import Sandbox, SandboxLimits
 
 # Under the system temp dir (searchable by the sandbox uid), not pytest's 0700 tmp_path.
 BASE_DIR = Path("/tmp/synth-sandbox-tests")

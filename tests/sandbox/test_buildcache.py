@@ -8,7 +8,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from apps.runs.sandbox.buildcache import BuildCache, _acquire
+from synth_sandbox.buildcache import BuildCache, _acquire
 from tests.sandbox.helpers import run
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from apps.runs.sandbox.cgroups import SandboxCgroup, detect_hierarchies, make_plan
+from synth_sandbox.cgroups import SandboxCgroup, detect_hierarchies, make_plan
 
 
 def _mountinfo(root: Path, *, v1: bool, v2: bool) -> str:

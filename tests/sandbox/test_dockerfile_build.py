@@ -15,9 +15,9 @@ import pytest
 from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
 from harbor.trial.trial import Trial
 
-from apps.runs.sandbox import ENVIRONMENT_IMPORT_PATH
-from apps.runs.sandbox.sandbox import SANDBOX_PATH
-from apps.runs.sandbox.support import check_task_supported
+from synth_sandbox import ENVIRONMENT_IMPORT_PATH
+from synth_sandbox.sandbox import SANDBOX_PATH
+from synth_sandbox.support import check_task_supported
 from tests.sandbox.helpers import BASE_DIR, requires_sandbox, run
 
 pytestmark = [requires_sandbox, pytest.mark.timeout(120)]
@@ -211,8 +211,8 @@ def test_copy_and_add_follow_docker_rules(tmp_path: Path) -> None:
     import io
     import tarfile
 
-    from apps.runs.sandbox.build import apply_build, prepare_build
-    from apps.runs.sandbox.sandbox import DEFAULT_HOST_DIRS, DEFAULT_WRITABLE_DIRS
+    from synth_sandbox.build import apply_build, prepare_build
+    from synth_sandbox.sandbox import DEFAULT_HOST_DIRS, DEFAULT_WRITABLE_DIRS
     from tests.sandbox.helpers import started_sandbox
 
     context = tmp_path / "environment"

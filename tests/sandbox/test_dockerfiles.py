@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from apps.runs.sandbox.build import BuildContext, BuildContextError, IgnoreRules, prepare_build
-from apps.runs.sandbox.dockerfiles import (
+from synth_sandbox.build import BuildContext, BuildContextError, IgnoreRules, prepare_build
+from synth_sandbox.dockerfiles import (
     CopyStep,
     RunStep,
     SubstitutionError,
@@ -16,7 +16,7 @@ from apps.runs.sandbox.dockerfiles import (
     dockerfile_plan,
     expand_word,
 )
-from apps.runs.sandbox.sandbox import DEFAULT_HOST_DIRS, DEFAULT_WRITABLE_DIRS
+from synth_sandbox.sandbox import DEFAULT_HOST_DIRS, DEFAULT_WRITABLE_DIRS
 
 
 def plan_of(text: str):  # type: ignore[no-untyped-def]

@@ -9,8 +9,8 @@ import pytest
 from harbor.models.task.config import TaskConfig as TaskToml
 from harbor.models.trial.paths import TrialPaths
 
-from apps.runs.sandbox.environment import LocalSandboxEnvironment
-from apps.runs.sandbox.support import UnsupportedTaskError
+from synth_sandbox.environment import LocalSandboxEnvironment
+from synth_sandbox.support import UnsupportedTaskError
 from tests.sandbox.helpers import BASE_DIR, requires_root, requires_sandbox, run
 from tests.sandbox.test_harbor import make_task
 

@@ -11,8 +11,8 @@ from harbor.models.task.config import TaskConfig as TaskToml
 from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
 from harbor.trial.trial import Trial
 
-from apps.runs.sandbox import ENVIRONMENT_IMPORT_PATH
-from apps.runs.sandbox.support import UnsupportedTaskError, check_task_supported, describe_task_support
+from synth_sandbox import ENVIRONMENT_IMPORT_PATH
+from synth_sandbox.support import UnsupportedTaskError, check_task_supported, describe_task_support
 from tests.sandbox.helpers import BASE_DIR, requires_root, requires_sandbox, run
 
 pytestmark = [requires_sandbox, pytest.mark.timeout(60)]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.runs.sandbox.sandbox import SandboxPathError
+from synth_sandbox.sandbox import SandboxPathError
 from tests.sandbox.helpers import new_marker, requires_root, requires_sandbox, run, started_sandbox
 
 pytestmark = [requires_sandbox, pytest.mark.timeout(60)]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.runs.sandbox.sandbox import Sandbox, SandboxExecTimeoutError, SandboxLimits, reap_stale_sandboxes
+from synth_sandbox.sandbox import Sandbox, SandboxExecTimeoutError, SandboxLimits, reap_stale_sandboxes
 from tests.sandbox.helpers import (
     BASE_DIR,
     new_marker,

@@ -6,9 +6,9 @@ import subprocess
 
 import pytest
 
-from apps.runs.sandbox import cgroups as cgroups_module
-from apps.runs.sandbox import sandbox as sandbox_module
-from apps.runs.sandbox.sandbox import SandboxExecTimeoutError, SandboxLimits
+from synth_sandbox import cgroups as cgroups_module
+from synth_sandbox import sandbox as sandbox_module
+from synth_sandbox.sandbox import SandboxExecTimeoutError, SandboxLimits
 from tests.sandbox.helpers import require_limit, requires_root, requires_sandbox, run, started_sandbox
 
 pytestmark = [requires_sandbox, requires_root, pytest.mark.timeout(60)]

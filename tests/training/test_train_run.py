@@ -21,8 +21,8 @@ from apps.proxy.services import DEFAULT_ROUTE, route_upsert
 from apps.runs.models import Run, SamplingGroup
 from apps.training.models import Checkpoint, LearningUpdate, Trainer, TrainerStatus, UpdateStatus
 from tests.cli.conftest import one_line
-from tests.execution.conftest import EXAMPLES, wait_for
 from tests.harness.conftest import proxy_start
+from tests.trials.conftest import EXAMPLES, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -152,7 +152,7 @@ def test_a_cheating_attempt_gives_the_update_no_signal(stack, alice, proxy_socke
     honest verification of these tasks gives) and pull the update their way; behind it they
     are killed before the verifier runs, and every reward the learner sees is a real one."""
     from tests.cheats import PROCESS_TECHNIQUES, cheating_setup
-    from tests.execution.test_end_to_end import publish, submit
+    from tests.trials.test_end_to_end import publish, submit
 
     settings.SYNTH_PROXY_SOCKET = proxy_socket
     route_upsert(**DEFAULT_ROUTE)

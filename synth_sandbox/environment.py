@@ -3,11 +3,11 @@
 Use it from Harbor with::
 
     EnvironmentConfig(
-        import_path="apps.runs.sandbox.environment:LocalSandboxEnvironment",
+        import_path="synth_sandbox.environment:LocalSandboxEnvironment",
         kwargs={"model_socket": "/run/synth/proxy.sock"},
     )
 
-or on the command line ``harbor run -e apps.runs.sandbox.environment:LocalSandboxEnvironment
+or on the command line ``harbor run -e synth_sandbox.environment:LocalSandboxEnvironment
 --ek model_socket=/run/synth/proxy.sock ...``.  Harbor's absolute paths work unchanged:
 the workdir (``[environment].workdir``, default ``/app``), ``/logs/{agent,verifier,artifacts}``,
 ``/tests`` and ``/solution`` are per-sandbox host directories bound at those paths, and Harbor's
@@ -38,11 +38,11 @@ from harbor.models.trial.config import ResourceMode
 from harbor.models.trial.paths import TrialPaths
 from pydantic import Field
 
-from apps.runs.sandbox.bridge import DEFAULT_MAX_CONNECTIONS
-from apps.runs.sandbox.build import apply_build
-from apps.runs.sandbox.buildcache import DEFAULT_KEEP, BuildCache
-from apps.runs.sandbox.cgroups import detect_hierarchies, make_plan
-from apps.runs.sandbox.sandbox import (
+from synth_sandbox.bridge import DEFAULT_MAX_CONNECTIONS
+from synth_sandbox.build import apply_build
+from synth_sandbox.buildcache import DEFAULT_KEEP, BuildCache
+from synth_sandbox.cgroups import detect_hierarchies, make_plan
+from synth_sandbox.sandbox import (
     CHECK_HOOK,
     DEFAULT_HOST_DIRS,
     DEFAULT_MODEL_PORT,
@@ -55,7 +55,7 @@ from apps.runs.sandbox.sandbox import (
     SandboxLimits,
     find_tools,
 )
-from apps.runs.sandbox.support import (
+from synth_sandbox.support import (
     APP_DIR_NAME,
     DEFAULT_ALLOWED_IMAGES,
     DEFAULT_WORKDIR,
@@ -80,7 +80,7 @@ def default_sandbox_root() -> Path:
 # ------------------------------------------------------------------ phases
 # Harbor makes a trial's environments itself (the agent's, and a separate verifier's when the
 # task asks for one), so the phase a trial is in is kept per trial directory: the trial's
-# boundary (apps.runs.boundary) moves it, and each environment of that trial reads it.
+# boundary (synth_sandbox.boundary) moves it, and each environment of that trial reads it.
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ locally) goes through :func:`launch_plan_build`, so a recipe means the same thin
 everywhere. The plan is data: which files to write, which setup commands to run,
 the working directory, the exact argv and environment of the engine, how the
 instruction reaches it, which outputs are required and the deadlines. Executing it
-is someone else's job (``apps.runs.agents.RecipeAgent`` inside a Harbor trial).
+is someone else's job (``synth_launcher.harbor_agent.RecipeAgent`` inside a Harbor trial).
 
 Bindings. ``${task.<key>}``, ``${run.<key>}``, ``${attempt.<key>}`` and
 ``${model.<key>}`` are substituted in ``workdir``, ``args``, ``env`` values, ``setup``,
@@ -32,7 +32,7 @@ Anthropic client or wraps ``claude`` itself is routed through the proxy the same
 
 Engines. claude-code runs ``claude`` headless (:data:`CLAUDE_CODE_ARGV` + args; its stdout
 is the stream-json transcript). synth-mini runs the built-in minimal agent
-(``apps/runs/mini_agent.py``, uploaded by RecipeAgent to :data:`SYNTH_MINI_PATH`) with
+(``synth_launcher/mini_agent.py``, uploaded by RecipeAgent to :data:`SYNTH_MINI_PATH`) with
 the sandbox's python3: ``python3 -I /installed-agent/synth_mini.py --transcript
 /logs/agent/synth-mini.jsonl <args> -- <instruction>`` (``--instruction-file <path>``
 instead for ``file:`` delivery, nothing for stdin); it gets the same platform variables
@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apps.core.canonical import canonical_digest
-from apps.runs.sandbox.sandbox import container_dir_problem
+from synth_sandbox.sandbox import container_dir_problem
 
 PLAN_FORMAT = "synth.launch-plan/1"
 CREDENTIAL_MARKER = "${credential}"
@@ -77,7 +77,7 @@ CLAUDE_CODE_ARGV = (
     "--permission-mode",
     "bypassPermissions",
 )
-# The built-in minimal agent (apps/runs/mini_agent.py, standard library only): RecipeAgent
+# The built-in minimal agent (synth_launcher/mini_agent.py, standard library only): RecipeAgent
 # uploads it here during setup and the sandbox's own python3 runs it, isolated (-I: no
 # PYTHONPATH, no user site, so nothing of the task's can shadow the standard library).
 SYNTH_MINI_PATH = "/installed-agent/synth_mini.py"

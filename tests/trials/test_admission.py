@@ -7,7 +7,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from apps.runs.admission import (
+from apps.runs.execution import run_dispatch
+from apps.runs.models import Reservation, Trial
+from apps.runs.services import run_schedule
+from apps.trials.admission import (
     Budget,
     Need,
     NeverFits,
@@ -17,9 +20,6 @@ from apps.runs.admission import (
     node_register,
     node_usage,
 )
-from apps.runs.execution import run_dispatch
-from apps.runs.models import Reservation, Trial
-from apps.runs.services import run_schedule
 
 pytestmark = pytest.mark.django_db
 

@@ -13,9 +13,9 @@ import pytest
 import redis
 
 from apps.runs.models import Reservation, Run, RunEvent, Trial
-from tests.execution.conftest import wait_for
-from tests.execution.test_end_to_end import ORACLE, _task, finished, publish, submit
 from tests.factories import make_dataset_of, make_task_version_unchecked
+from tests.trials.conftest import wait_for
+from tests.trials.test_end_to_end import ORACLE, _task, finished, publish, submit
 
 pytestmark = [pytest.mark.slow]
 

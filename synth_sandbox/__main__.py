@@ -1,4 +1,4 @@
-"""Self-check of the local sandbox on this host: ``python -m apps.runs.sandbox``.
+"""Self-check of the local sandbox on this host: ``python -m synth_sandbox``.
 
 Prints which limits this host can enforce, then starts a sandbox, runs a command in it,
 stops it, and reports the timings.  Exit status 0 when the sandbox works.
@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from apps.runs.sandbox.cgroups import detect_hierarchies, make_plan
-from apps.runs.sandbox.sandbox import Sandbox, SandboxError, SandboxLimits, find_tools
+from synth_sandbox.cgroups import detect_hierarchies, make_plan
+from synth_sandbox.sandbox import Sandbox, SandboxError, SandboxLimits, find_tools
 
 
 async def _check(base_dir: Path, memory_mb: int, storage_mb: int) -> dict[str, object]:

@@ -2,7 +2,7 @@
 
 A trial unpacks its task (instruction, tests, solution) and Harbor's trial directory
 under ``SYNTH_WORK_DIR/<trial>.<fence>``, and runs in sandboxes under the sandbox root
-(tmpfs mounts, cgroups: apps.runs.sandbox). Both record their owner, the pool process
+(tmpfs mounts, cgroups: synth_sandbox). Both record their owner, the pool process
 (pid and start time). The owner removes them when the trial ends; when it was killed
 (SIGKILL, the OOM killer), ``host_reap`` does, from the next pool process that starts or
 the next trial on the host. A live sibling's directories are never touched.
@@ -15,7 +15,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from apps.runs.sandbox.sandbox import owner_alive, owner_record, reap_stale_sandboxes
+from synth_sandbox.sandbox import owner_alive, owner_record, reap_stale_sandboxes
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def work_dirs_reap(*, root: Path) -> list[str]:
 def host_reap(*, work_root: Path) -> list[str]:
     """Remove what dead trial processes left on this host: sandboxes (processes, tmpfs
     mounts, cgroups, directories) and work directories. Returns what was removed."""
-    from apps.runs.sandbox.environment import default_sandbox_root
+    from synth_sandbox.environment import default_sandbox_root
 
     removed = [f"sandbox {name}" for name in reap_stale_sandboxes(default_sandbox_root())]
     removed += [f"work dir {name}" for name in work_dirs_reap(root=work_root)]

@@ -1,4 +1,4 @@
-"""Model access for trials (apps.runs.model_access): the route, the scoped credential, the
+"""Model access for trials (apps.trials.model_access): the route, the scoped credential, the
 sandbox options, and the worker's use of them (issued before the sandbox, revoked after)."""
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ from apps.proxy.errors import AuthenticationFailed
 from apps.proxy.services import route_upsert
 from apps.runs import tasks as run_tasks
 from apps.runs.execution import run_dispatch
-from apps.runs.model_access import (
+from apps.runs.models import Trial
+from apps.runs.services import run_schedule
+from apps.trials import tasks as trial_tasks
+from apps.trials.model_access import (
     SANDBOX_CLAUDE,
     ModelAccessError,
     claude_code_binary,
@@ -30,9 +33,7 @@ from apps.runs.model_access import (
     model_access_open,
     sandbox_model_options,
 )
-from apps.runs.models import Trial
-from apps.runs.services import run_schedule
-from apps.runs.worker import trial_execute
+from apps.trials.worker import trial_execute
 from tests.factories import make_dataset_of, make_profile_version, make_task_version_unchecked
 
 ROUTE = "qwen3-unit"
@@ -124,7 +125,7 @@ def _trial(alice, tmp_path, recipe, *, plan=None, test="echo 1 > /logs/verifier/
 @pytest.fixture
 def no_broker(monkeypatch):
     """Work is driven by hand here: nothing goes to the broker."""
-    for task in (run_tasks.run_schedule_task, run_tasks.run_dispatch_task, run_tasks.trial_execute_task):
+    for task in (run_tasks.run_schedule_task, run_tasks.run_dispatch_task, trial_tasks.trial_execute_task):
         monkeypatch.setattr(task, "delay", lambda *args, **kwargs: None)
 
 
@@ -252,7 +253,7 @@ def test_credential_ttl_follows_the_agent_deadline(settings):
 def test_sandbox_options_bridge_the_proxy_and_put_claude_on_path(tmp_path, settings):
     from types import SimpleNamespace
 
-    from apps.runs.sandbox.sandbox import SANDBOX_PATH
+    from synth_sandbox.sandbox import SANDBOX_PATH
 
     settings.SYNTH_SANDBOX_MODEL_MAX_CONNECTIONS = 7
     access = SimpleNamespace(socket=tmp_path / "p.sock", port=18123, claude=Path("/host/claude"))
@@ -310,7 +311,7 @@ def test_a_private_executable_is_staged_once_and_superseded_copies_are_pruned(tm
     import os
     import time
 
-    from apps.runs.model_access import staged_for_sandbox
+    from apps.trials.model_access import staged_for_sandbox
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()

@@ -1,4 +1,4 @@
-"""The Harbor agent that executes a launch plan (see apps.profiles.launcher).
+"""The Harbor agent that executes a launch plan (see synth_launcher.launcher).
 
 One class for every engine: the recipe was already interpreted by the launcher, so
 this only carries the plan out inside a Harbor environment::
@@ -6,7 +6,7 @@ this only carries the plan out inside a Harbor environment::
     plan = launch_plan_build(recipe=recipe, bindings=bindings)
     config = TrialConfig(task=..., agent=recipe_agent_config(plan=plan), environment=...)
 
-or by hand: ``AgentConfig(import_path="apps.runs.agents:RecipeAgent",
+or by hand: ``AgentConfig(import_path="synth_launcher.harbor_agent:RecipeAgent",
 kwargs={"launch_plan": plan.to_dict()}, env={CREDENTIAL_ENV: credential})``.
 
 The credential travels in ``AgentConfig.env`` (never in kwargs): Harbor redacts
@@ -14,7 +14,7 @@ sensitive env names when it writes the trial config and scrubs their values from
 file of the trial directory, whereas kwargs are written verbatim.
 
 setup: the plan's files and the instruction file are uploaded (for engine synth-mini also
-the built-in agent, apps/runs/mini_agent.py, to /installed-agent/synth_mini.py), then
+the built-in agent, synth_launcher/mini_agent.py, to /installed-agent/synth_mini.py), then
 each setup command runs in the working directory with its own deadline. run: oracle is Harbor's
 OracleAgent (the task's solution is uploaded to /solution and solve.sh runs), nop does
 nothing, any other engine runs the plan's argv in the working directory with the
@@ -48,10 +48,10 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 from harbor.models.trial.config import AgentConfig
 
-from apps.profiles.launcher import ARTIFACT_OUTPUTS_DIR, SYNTH_MINI_PATH, LaunchError, LaunchPlan
-from apps.runs.boundary import GIT_SANITIZE_SCRIPT
+from synth_launcher.launcher import ARTIFACT_OUTPUTS_DIR, SYNTH_MINI_PATH, LaunchError, LaunchPlan
+from synth_sandbox.boundary import GIT_SANITIZE_SCRIPT
 
-IMPORT_PATH = "apps.runs.agents:RecipeAgent"
+IMPORT_PATH = "synth_launcher.harbor_agent:RecipeAgent"
 # Harbor treats a name containing CREDENTIAL as sensitive (redacted in config.json,
 # scrubbed from the trial directory).
 CREDENTIAL_ENV = "SYNTH_MODEL_CREDENTIAL"

@@ -10,8 +10,8 @@ import pytest
 
 from apps.datasets.services import dataset_import_dir
 from apps.runs.models import Artifact, Trial
-from tests.execution.conftest import EXAMPLES
-from tests.execution.test_end_to_end import finished, publish
+from tests.trials.conftest import EXAMPLES
+from tests.trials.test_end_to_end import finished, publish
 
 pytestmark = [pytest.mark.slow]
 

@@ -40,7 +40,7 @@ from django.conf import settings
 
 from apps.accounts.models import ModelCredential
 from apps.accounts.services import model_credential_issue, model_credential_revoke
-from apps.profiles.launcher import ModelBinding
+from synth_launcher.launcher import ModelBinding
 
 if TYPE_CHECKING:
     from apps.runs.models import Trial
@@ -94,15 +94,17 @@ def model_route_get(*, name: str) -> Any:
 
 def environment_import_path(*, plan: dict[str, Any]) -> str | None:
     """The Harbor environment class a plan runs in (None for a named provider: docker, modal ...)."""
+    from synth_sandbox import MOVED_IMPORT_PATHS
+
     name = plan.get("environment") or "local"
     if name == "local":
-        return settings.SYNTH_DEFAULT_ENVIRONMENT
-    return name if ":" in name else None
+        name = settings.SYNTH_DEFAULT_ENVIRONMENT
+    return MOVED_IMPORT_PATHS.get(name, name) if ":" in name else None
 
 
 def environment_has_model_bridge(*, plan: dict[str, Any]) -> bool:
     """Whether the plan's environment is the local sandbox (or a subclass): the one with a bridge."""
-    from apps.runs.sandbox.environment import LocalSandboxEnvironment
+    from synth_sandbox.environment import LocalSandboxEnvironment
 
     path = environment_import_path(plan=plan)
     if path is None:
@@ -321,7 +323,7 @@ def model_access_close(*, access: ModelAccess) -> None:
 def sandbox_model_options(*, access: ModelAccess) -> tuple[dict[str, Any], dict[str, str]]:
     """(LocalSandboxEnvironment kwargs, persistent env) that give a sandbox the model bridge
     and, when installed, Claude Code as ``claude`` on PATH."""
-    from apps.runs.sandbox.sandbox import SANDBOX_PATH
+    from synth_sandbox.sandbox import SANDBOX_PATH
 
     kwargs: dict[str, Any] = {
         "model_socket": str(access.socket),

@@ -34,9 +34,9 @@ from harbor.models.task.verifier_mode import (
     resolve_verifier_environment_definition,
 )
 
-from apps.runs.sandbox.build import DOCKERFILE_NAME, EnvironmentBuild, prepare_build
-from apps.runs.sandbox.dockerfiles import dockerfile_plan
-from apps.runs.sandbox.sandbox import DEFAULT_HOST_DIRS, DEFAULT_WRITABLE_DIRS, container_dir_problem
+from synth_sandbox.build import DOCKERFILE_NAME, EnvironmentBuild, prepare_build
+from synth_sandbox.dockerfiles import dockerfile_plan
+from synth_sandbox.sandbox import DEFAULT_HOST_DIRS, DEFAULT_WRITABLE_DIRS, container_dir_problem
 
 # Base images whose job the host's own userland can do (fnmatch patterns, matched against
 # the image name without registry "docker.io/" and "library/" prefixes).

@@ -71,10 +71,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from apps.runs.sandbox import hostfs
-from apps.runs.sandbox.bridge import DEFAULT_MAX_CONNECTIONS, ModelBridge
-from apps.runs.sandbox.cgroups import SandboxCgroup, detect_hierarchies, make_plan
-from apps.runs.sandbox.dns import RESOLV_CONF, DnsRecorder
+from synth_sandbox import hostfs
+from synth_sandbox.bridge import DEFAULT_MAX_CONNECTIONS, ModelBridge
+from synth_sandbox.cgroups import SandboxCgroup, detect_hierarchies, make_plan
+from synth_sandbox.dns import RESOLV_CONF, DnsRecorder
 
 logger = logging.getLogger(__name__)
 

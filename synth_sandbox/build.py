@@ -33,8 +33,8 @@ from typing import Literal
 from harbor.environments.base import SandboxBuildFailedError
 
 from apps.core.canonical import canonical_digest, sha256_hex
-from apps.runs.sandbox.dockerfiles import CopyStep, DockerfilePlan, RunStep, WorkdirStep, dockerfile_plan
-from apps.runs.sandbox.sandbox import SANDBOX_PATH, Sandbox, container_dir_problem
+from synth_sandbox.dockerfiles import CopyStep, DockerfilePlan, RunStep, WorkdirStep, dockerfile_plan
+from synth_sandbox.sandbox import SANDBOX_PATH, Sandbox, container_dir_problem
 
 DOCKERFILE_NAME = "Dockerfile"
 DOCKERIGNORE_NAME = ".dockerignore"

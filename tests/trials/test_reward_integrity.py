@@ -12,8 +12,8 @@ import pytest
 from apps.datasets.services import dataset_import_dir
 from apps.runs.models import Trial
 from tests.cheats import TECHNIQUES, cheating_recipe
-from tests.execution.conftest import EXAMPLES, ROOT
-from tests.execution.test_end_to_end import ORACLE, finished, publish, submit
+from tests.trials.conftest import EXAMPLES, ROOT
+from tests.trials.test_end_to_end import ORACLE, finished, publish, submit
 
 pytestmark = [pytest.mark.slow]
 

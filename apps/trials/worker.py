@@ -35,7 +35,11 @@ from apps.core.db import TRANSIENT_DB_ERRORS, db_fresh, db_retry
 from apps.core.errors import NotFound, StaleLease
 from apps.datasets.services import task_version_materialize
 from apps.objects.services import object_put
-from apps.runs.admission import (
+from apps.runs.evaluation import VERIFIER_ERROR
+from apps.runs.execution import TrialOutcome, trial_claim, trial_complete, trial_mark_running
+from apps.runs.models import Artifact, Lease, LeaseStatus, Reservation, RunKind, Trial, TrialStatus, WorkerNode
+from apps.runs.services import lease_heartbeat, lease_report
+from apps.trials.admission import (
     Budget,
     Need,
     NeverFits,
@@ -45,20 +49,17 @@ from apps.runs.admission import (
     node_register,
     node_usage,
 )
-from apps.runs.boundary import task_verifier_fresh, trial_boundary_install
-from apps.runs.evaluation import VERIFIER_ERROR
-from apps.runs.execution import TrialOutcome, trial_claim, trial_complete, trial_mark_running
-from apps.runs.judges import JUDGE_LOGS_DIR, judge_instruction
-from apps.runs.model_access import (
+from apps.trials.judges import JUDGE_LOGS_DIR, judge_instruction
+from apps.trials.model_access import (
     ModelAccess,
     ModelAccessError,
+    environment_import_path,
     model_access_close,
     model_access_open,
     sandbox_model_options,
 )
-from apps.runs.models import Artifact, Lease, LeaseStatus, Reservation, RunKind, Trial, TrialStatus, WorkerNode
-from apps.runs.services import lease_heartbeat, lease_report
-from apps.runs.workdirs import host_reap, work_dir_make
+from apps.trials.workdirs import host_reap, work_dir_make
+from synth_sandbox.boundary import task_verifier_fresh, trial_boundary_install
 
 logger = logging.getLogger(__name__)
 
@@ -467,7 +468,7 @@ def _restore_agent_config(*, trial: Trial, task_dir: Path, dest: Path) -> tuple[
     from harbor.models.trial.config import AgentConfig
 
     from apps.objects.services import object_read
-    from apps.runs.sandbox.support import task_workdir
+    from synth_sandbox.support import task_workdir
 
     prefix = "artifacts/workdir/"
     workdir = task_workdir(task_dir=task_dir)
@@ -483,7 +484,7 @@ def _restore_agent_config(*, trial: Trial, task_dir: Path, dest: Path) -> tuple[
         (dest / relative).parent.mkdir(parents=True, exist_ok=True)
         (dest / relative).write_bytes(object_read(obj=artifact.object))
     config = AgentConfig(
-        import_path="apps.runs.agents:RestoreAgent",
+        import_path="synth_launcher.harbor_agent:RestoreAgent",
         kwargs={"source_dir": str(dest), "workdir": workdir, "source_trial": trial.source_id},
     )
     return config, workdir
@@ -510,15 +511,15 @@ def trial_launch_plan(
     instruction: str | None = None,
     logs_dir: str | None = None,
 ) -> Any:
-    """The recipe interpreted for this attempt, by the one launcher (apps.profiles.launcher).
+    """The recipe interpreted for this attempt, by the one launcher (synth_launcher.launcher).
 
-    ``access`` (apps.runs.model_access) is the attempt's model: the binding the harness sees
+    ``access`` (apps.trials.model_access) is the attempt's model: the binding the harness sees
     (the bridge's address inside the sandbox) and the scoped credential. Without it, an
     engine that needs a model fails to launch with a clear LaunchError.
     """
     from harbor.models.task.task import Task as HarborTask
 
-    from apps.profiles.launcher import (
+    from synth_launcher.launcher import (
         AGENT_LOGS_DIR,
         AttemptBinding,
         Bindings,
@@ -526,7 +527,7 @@ def trial_launch_plan(
         TaskBinding,
         launch_plan_build,
     )
-    from apps.runs.sandbox.support import task_workdir
+    from synth_sandbox.support import task_workdir
 
     if recipe is None:
         recipe = _actor_recipe(trial=trial)
@@ -562,7 +563,7 @@ def _timing(info: Any) -> dict[str, Any] | None:
 
 def _environment_config(*, plan: dict[str, Any], access: ModelAccess | None = None) -> Any:
     """Harbor's environment for the plan. With model access (the local sandbox only, see
-    apps.runs.model_access): the bridge to the proxy's socket and Claude Code on PATH."""
+    apps.trials.model_access): the bridge to the proxy's socket and Claude Code on PATH."""
     from harbor.models.trial.config import EnvironmentConfig
 
     overrides = plan.get("resources") or {}
@@ -575,19 +576,17 @@ def _environment_config(*, plan: dict[str, Any], access: ModelAccess | None = No
     if access is not None:
         kwargs, env = sandbox_model_options(access=access)
         common.update(kwargs=kwargs, env=env)
-    name = plan.get("environment") or "local"
-    if name == "local":
-        return EnvironmentConfig(import_path=settings.SYNTH_DEFAULT_ENVIRONMENT, **common)
-    if ":" in name:
-        return EnvironmentConfig(import_path=name, **common)
-    return EnvironmentConfig(type=name, **common)  # docker, daytona, modal, e2b, gke, ...
+    import_path = environment_import_path(plan=plan)
+    if import_path is not None:
+        return EnvironmentConfig(import_path=import_path, **common)
+    return EnvironmentConfig(type=plan["environment"], **common)  # docker, daytona, modal, e2b, gke, ...
 
 
 def _verifier_config(*, trial: Trial, judge_plan: Any) -> Any:
     from harbor.models.trial.config import VerifierConfig
 
-    from apps.runs.agents import CREDENTIAL_ENV
-    from apps.runs.judges import IMPORT_PATH as JUDGE_VERIFIER
+    from apps.trials.judges import IMPORT_PATH as JUDGE_VERIFIER
+    from synth_launcher.harbor_agent import CREDENTIAL_ENV
 
     plan = trial.run.spec.plan
     if judge_plan is None:
@@ -619,9 +618,9 @@ def harbor_trial_run(
 ) -> tuple[TrialOutcome, Path]:
     """Run Harbor's trial lifecycle (environment, agent setup, agent, verifier) with the
     plan's deadlines; cancel it when the lease keeper says so. With ``judge_plan``, the
-    verifier is the run's judge (apps.runs.judges) instead of the task's tests.
+    verifier is the run's judge (apps.trials.judges) instead of the task's tests.
 
-    The agent/verification boundary (apps.runs.boundary) holds: when the agent phase ends,
+    The agent/verification boundary (synth_sandbox.boundary) holds: when the agent phase ends,
     its processes are killed and the actor's credential (``access``) is revoked before
     anything is verified; a verification that could not produce a reward to credit is a
     ``VerifierError``, not a reward."""
@@ -629,7 +628,7 @@ def harbor_trial_run(
     from harbor.models.trial.config import TrialConfig
     from harbor.trial.trial import Trial as HarborTrial
 
-    from apps.runs.agents import recipe_agent_config
+    from synth_launcher.harbor_agent import recipe_agent_config
 
     plan = trial.run.spec.plan
     if agent_config is None:

@@ -6,7 +6,7 @@ for timeouts and then fail with a message that looks like any other failure. The
 ``/etc/resolv.conf`` names ``127.0.0.1`` instead, where this stub, listening inside the sandbox's
 network namespace (created there by a worker thread, like the model bridge: see bridge.py),
 answers every query ``REFUSED`` immediately and keeps the name. That turns "the verifier needed
-the network" from a silent reward of 0 into a fact the trial can report (apps.runs.boundary).
+the network" from a silent reward of 0 into a fact the trial can report (synth_sandbox.boundary).
 
 Only UDP is served: resolvers fall back to TCP only for truncated answers, and a refusal is
 never truncated.
@@ -20,7 +20,7 @@ import logging
 import socket
 from dataclasses import dataclass, field
 
-from apps.runs.sandbox.bridge import socket_in_netns
+from synth_sandbox.bridge import socket_in_netns
 
 logger = logging.getLogger(__name__)
 

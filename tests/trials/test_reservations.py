@@ -15,7 +15,10 @@ from django.utils import timezone
 from apps.accounts.services import worker_get_or_create
 from apps.core.process import process_alive, process_identity
 from apps.runs import execution
-from apps.runs.admission import (
+from apps.runs.execution import run_dispatch, trial_claim
+from apps.runs.models import Lease, Reservation, RunEvent, Trial
+from apps.runs.services import lease_reap, run_schedule
+from apps.trials.admission import (
     Budget,
     Need,
     admission_request,
@@ -24,9 +27,6 @@ from apps.runs.admission import (
     node_register,
     node_usage,
 )
-from apps.runs.execution import run_dispatch, trial_claim
-from apps.runs.models import Lease, Reservation, RunEvent, Trial
-from apps.runs.services import lease_reap, run_schedule
 
 pytestmark = pytest.mark.django_db
 

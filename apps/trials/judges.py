@@ -26,10 +26,10 @@ from harbor.models.trial.paths import EnvironmentPaths
 from harbor.models.verifier.result import VerifierResult
 from harbor.verifier.verifier import RewardFileNotFoundError, Verifier
 
-from apps.runs.agents import CREDENTIAL_ENV, RecipeAgent
+from synth_launcher.harbor_agent import CREDENTIAL_ENV, RecipeAgent
 
 JUDGE_LOGS_DIR = "/logs/verifier/judge"
-IMPORT_PATH = "apps.runs.judges:JudgeVerifier"
+IMPORT_PATH = "apps.trials.judges:JudgeVerifier"
 
 JUDGE_INSTRUCTION = """\
 You are the judge of an attempt at the task quoted below. The attempt is over: its work is \

@@ -11,8 +11,8 @@ import pytest
 from apps.datasets.services import dataset_import_dir
 from apps.profiles.services import profile_publish
 from apps.runs.models import Artifact, Run, RunEvent, Trial
-from tests.execution.conftest import EXAMPLES, wait_for
 from tests.factories import make_dataset_of, make_task_version_unchecked
+from tests.trials.conftest import EXAMPLES, wait_for
 
 pytestmark = [pytest.mark.slow]
 
