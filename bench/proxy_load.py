@@ -11,7 +11,7 @@ turn is a tool cycle); one model
 credential per session, as each attempt of a run holds its own. The proxy is this file run
 with --serve in a subprocess: uvicorn serving synth_project.proxy_asgi with uvicorn's
 defaults on a free loopback port, its own process as in production (so a repeated exception
-is logged a few times a minute, then counted: see apps.core.logfold).
+is logged a few times a minute, then counted: see synth_common.logfold).
 
 Load: --sessions asyncio tasks on one httpx.AsyncClient, started together, each a
 conversation of --turns streaming calls (POST /v1/messages?beta=true, Claude Code's

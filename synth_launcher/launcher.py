@@ -52,7 +52,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from apps.core.canonical import canonical_digest
+from synth_common.canonical import canonical_digest
 from synth_sandbox.sandbox import container_dir_problem
 
 PLAN_FORMAT = "synth.launch-plan/1"

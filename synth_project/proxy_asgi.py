@@ -16,7 +16,7 @@ Host header takes part in neither. Websocket connections are refused.
 Logs stay bounded when a sandbox floods the proxy with bad connections: repeated records of
 uvicorn's error log (invalid requests, rejected websockets, exceptions), of Django and the
 proxy (the root handlers) and error lines of the access log are folded into counts
-(apps.core.logfold). Importing this module sets that up for the process.
+(synth_common.logfold). Importing this module sets that up for the process.
 
 synth_project.asgi:application stays the whole application, for other uses.
 """
@@ -34,8 +34,8 @@ from django.core.handlers.asgi import ASGIHandler
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synth_project.settings")
 django.setup(set_prefix=False)
 
-from apps.core.logfold import ErrorResponseFolder, RepeatFolder  # noqa: E402
 from apps.proxy.errors import error_payload, new_request_id  # noqa: E402 - needs the app registry
+from synth_common.logfold import ErrorResponseFolder, RepeatFolder  # noqa: E402
 
 MODEL_PREFIX = "/v1/"
 HEALTH_PATH = "/healthz"

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from apps.accounts.models import Organization
-from apps.core.canonical import canonical_bytes, canonical_digest, sha256_hex
 from apps.datasets.models import Dataset, DatasetVersion, DatasetVersionTask, TaskVersion
 from apps.objects.services import object_put
 from apps.profiles.models import AgentProfile, ProfileVersion
+from synth_common.canonical import canonical_bytes, canonical_digest, sha256_hex
 
 NOOP_RECIPE: dict[str, Any] = {"engine": {"name": "nop", "version": "1"}, "limits": {"timeout_sec": 60}}
 

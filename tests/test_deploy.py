@@ -128,5 +128,5 @@ def test_every_proxy_serves_the_model_only_application():
     )
     (row,) = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| model proxy")]
     assert f"`uvicorn {PROXY_APP} --uds $SYNTH_PROXY_SOCKET`" in row
-    assert f"`uvicorn {PROXY_APP} --uds" in (ROOT / "apps" / "runs" / "model_access.py").read_text()
+    assert f"`uvicorn {PROXY_APP} --uds" in (ROOT / "apps" / "trials" / "model_access.py").read_text()
     assert "from synth_project.proxy_asgi import application" in (ROOT / "tests/harness/proxy_server.py").read_text()

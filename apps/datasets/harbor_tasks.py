@@ -30,7 +30,7 @@ from typing import IO, Any
 
 from pydantic import ValidationError
 
-from apps.core.canonical import canonical_digest, sha256_hex
+from synth_common.canonical import canonical_digest, sha256_hex
 
 # Defaults for the size limits; the services read the effective values from settings.
 DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024

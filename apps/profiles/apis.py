@@ -1,6 +1,6 @@
 """Profiles over HTTP: publish a recipe, read back its exact canonical bytes and digest.
 
-Canonical form (apps.core.canonical): the recipe as JSON encoded in UTF-8, object keys
+Canonical form (synth_common.canonical): the recipe as JSON encoded in UTF-8, object keys
 sorted by code point, no insignificant whitespace (separators "," and ":"), non-ASCII
 characters written as themselves (not \\u-escaped), no NaN or Infinity. Before encoding,
 numbers with an integral value are written as integers (1800.0 -> 1800), since many

@@ -8,9 +8,9 @@ from typing import Any
 from django.db.models import Count, Max, QuerySet
 
 from apps.accounts.models import Organization
-from apps.core.canonical import sha256_hex
 from apps.core.errors import NotFound
 from apps.profiles.models import AgentProfile, ProfileVersion
+from synth_common.canonical import sha256_hex
 
 
 class ProfileIntegrityError(RuntimeError):

@@ -11,10 +11,10 @@ from django.db import transaction
 from django.db.models import Max
 
 from apps.accounts.models import Organization
-from apps.core.canonical import canonical_bytes, sha256_hex
 from apps.core.errors import ValidationFailed
 from apps.profiles.models import AgentProfile, ProfileVersion
 from apps.profiles.schema import MAX_RECIPE_BYTES, recipe_validate
+from synth_common.canonical import canonical_bytes, sha256_hex
 from synth_launcher.launcher import LaunchError, recipe_launch_check
 
 # Lower case only, so that "Claude" and "claude" cannot be two profiles; no "/" or "@",
@@ -50,7 +50,7 @@ def _numbers_normalize(value: Any) -> Any:
 
 def recipe_canonicalize(*, recipe: dict[str, Any]) -> bytes:
     """Validate `recipe` (its schema, and that it can launch at all) and return its canonical
-    bytes (apps.core.canonical, integral numbers as integers)."""
+    bytes (synth_common.canonical, integral numbers as integers)."""
     recipe_validate(recipe=recipe)
     try:
         recipe_launch_check(recipe=recipe)

@@ -36,11 +36,11 @@ from typing import Any
 
 from django.utils import timezone
 
-from apps.core.canonical import canonical_bytes
 from apps.core.transitions import TransitionTable
 from apps.objects.selectors import object_get
 from apps.objects.services import object_put, object_read
 from apps.proxy.models import Delivery, Eligibility, Integrity, Interaction
+from synth_common.canonical import canonical_bytes
 
 logger = logging.getLogger(__name__)
 

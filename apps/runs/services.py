@@ -22,7 +22,6 @@ from django.db.models import Max
 from django.utils import timezone
 
 from apps.accounts.models import Organization, WorkerIdentity
-from apps.core.canonical import canonical_digest
 from apps.core.errors import Conflict, NotFound, StaleLease, ValidationFailed
 from apps.datasets.services import dataset_version_local_check, dataset_version_resolve
 from apps.profiles.models import ProfileVersion
@@ -42,6 +41,7 @@ from apps.runs.models import (
 )
 from apps.runs.plans import plan_normalize, plan_uses_local_sandbox
 from apps.runs.transitions import lease_transition, run_transition
+from synth_common.canonical import canonical_digest
 
 logger = logging.getLogger(__name__)
 

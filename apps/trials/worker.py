@@ -30,7 +30,6 @@ from django.db import connections
 
 from apps.accounts.models import WorkerIdentity
 from apps.accounts.services import worker_get_or_create
-from apps.core.canonical import canonical_bytes
 from apps.core.db import TRANSIENT_DB_ERRORS, db_fresh, db_retry
 from apps.core.errors import NotFound, StaleLease
 from apps.datasets.services import task_version_materialize
@@ -59,6 +58,7 @@ from apps.trials.model_access import (
     sandbox_model_options,
 )
 from apps.trials.workdirs import host_reap, work_dir_make
+from synth_common.canonical import canonical_bytes
 from synth_sandbox.boundary import task_verifier_fresh, trial_boundary_install
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from apps.core.logfold import ErrorResponseFolder, RepeatFolder
+from synth_common.logfold import ErrorResponseFolder, RepeatFolder
 
 
 class Clock:

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from apps.core.canonical import canonical_digest
 from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.datasets import selectors
 from apps.datasets.harbor_tasks import task_dir_parse
@@ -22,6 +21,7 @@ from apps.datasets.services import (
     task_version_materialize,
 )
 from apps.objects.models import StoredObject
+from synth_common.canonical import canonical_digest
 from tests.datasets.conftest import EXAMPLE_SLUGS, EXAMPLES, TASK_TOML, write_task
 
 pytestmark = pytest.mark.django_db

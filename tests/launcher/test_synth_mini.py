@@ -48,7 +48,7 @@ from synth_launcher.launcher import (
     launch_plan_build,
 )
 
-MINI = Path(__file__).resolve().parents[2] / "apps" / "runs" / "mini_agent.py"
+MINI = Path(__file__).resolve().parents[2] / "synth_launcher" / "mini_agent.py"
 HOST_PYTHON = "/usr/bin/python3"  # what the sandbox sees (its /usr is the host's, read-only)
 ENVIRONMENT = os.environ.get("SYNTH_TEST_ENVIRONMENT", "synth_sandbox.environment:LocalSandboxEnvironment")
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from apps.core.canonical import sha256_hex
 from apps.core.errors import ValidationFailed
 from apps.profiles.schema import RECIPE_SCHEMA, recipe_validate
 from apps.profiles.services import recipe_canonicalize
+from synth_common.canonical import sha256_hex
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

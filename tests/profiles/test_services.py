@@ -8,7 +8,6 @@ import threading
 import pytest
 from django.db import IntegrityError, connection, connections, transaction
 
-from apps.core.canonical import sha256_hex
 from apps.core.errors import NotFound, ValidationFailed
 from apps.profiles.models import AgentProfile, ProfileVersion
 from apps.profiles.selectors import (
@@ -18,6 +17,7 @@ from apps.profiles.selectors import (
     profile_version_recipe,
 )
 from apps.profiles.services import profile_publish
+from synth_common.canonical import sha256_hex
 from tests.profiles.test_schema import BASE
 
 pytestmark = pytest.mark.django_db

@@ -15,13 +15,13 @@ from django.core.signals import request_finished
 from django.db import close_old_connections
 from django.test import AsyncRequestFactory
 
-from apps.core.canonical import canonical_bytes
 from apps.objects.models import StoredObject
 from apps.objects.services import object_read
 from apps.proxy import capture, services, views
 from apps.proxy.adapters.registry import adapter_for
 from apps.proxy.models import Delivery, Eligibility, Integrity, Interaction, ModelRoute
 from apps.proxy.samplers.base import Sampler, SampleRequest, SampleResult
+from synth_common.canonical import canonical_bytes
 from tests.conftest import make_member
 from tests.proxy.conftest import call, encode, issue, make_route, scripted
 

@@ -174,7 +174,7 @@ print("done")
 
 def test_a_flood_of_failing_connections_logs_a_few_lines(tmp_path: Path) -> None:
     """The proxy is down: every connection fails upstream, and the bridge says so a few times."""
-    from apps.core.logfold import RepeatFolder
+    from synth_common.logfold import RepeatFolder
     from synth_sandbox import bridge
 
     out = io.StringIO()
