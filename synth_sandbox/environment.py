@@ -13,8 +13,8 @@ the workdir (``[environment].workdir``, default ``/app``), ``/logs/{agent,verifi
 ``/tests`` and ``/solution`` are per-sandbox host directories bound at those paths, and Harbor's
 uploads/downloads are (symlink-safe) host-side copies.  The environment's Dockerfile is
 applied at start (build.py; refused before start when it cannot be applied faithfully), its
-``ENV`` is the base of every exec's environment.  See sandbox.py for the isolation model and
-docs/sandbox.md for the operator's view.
+``ENV`` is the base of every exec's environment.  See sandbox.py, mounts.py and execs.py for
+the isolation model and docs/sandbox.md for the operator's view.
 """
 
 from __future__ import annotations
