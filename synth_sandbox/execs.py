@@ -21,7 +21,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -297,7 +297,7 @@ class _Capture:
 
 
 async def _finish_readers(
-    readers: list[asyncio.Future[None]], *captures: _Capture, grace: float = _DRAIN_GRACE_SEC
+    readers: Sequence[asyncio.Future[None]], *captures: _Capture, grace: float = _DRAIN_GRACE_SEC
 ) -> None:
     """Collect output after the main process exited.
 
