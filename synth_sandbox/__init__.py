@@ -2,7 +2,10 @@
 
 Pure library code (no Django models): usable from a worker and from a CLI.
 
-* ``Sandbox`` (sandbox.py): bubblewrap namespaces + cgroups, start / exec / stop, file transfer.
+* ``Sandbox`` (sandbox.py): bubblewrap namespaces + cgroups, start / exec / stop, file transfer;
+  its parts by concern: paths.py (container paths), mounts.py (host layout, bubblewrap
+  argv), limits.py, execs.py, files.py, hooks.py, processes.py, owners.py (owner records,
+  reap_stale_sandboxes), errors.py; cgroups.py, bridge.py, dns.py, hostfs.py beneath them.
 * ``LocalSandboxEnvironment`` (environment.py): the Harbor ``BaseEnvironment`` on top of it,
   ``EnvironmentConfig(import_path="synth_sandbox.environment:LocalSandboxEnvironment")``.
 * ``check_task_supported`` (support.py): why a task cannot run locally, before starting it.

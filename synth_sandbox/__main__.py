@@ -15,7 +15,10 @@ import time
 from pathlib import Path
 
 from synth_sandbox.cgroups import detect_hierarchies, make_plan
-from synth_sandbox.sandbox import Sandbox, SandboxError, SandboxLimits, find_tools
+from synth_sandbox.errors import SandboxError
+from synth_sandbox.limits import SandboxLimits
+from synth_sandbox.processes import find_tools
+from synth_sandbox.sandbox import Sandbox
 
 
 async def _check(base_dir: Path, memory_mb: int, storage_mb: int) -> dict[str, object]:

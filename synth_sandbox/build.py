@@ -34,7 +34,8 @@ from harbor.environments.base import SandboxBuildFailedError
 
 from synth_common.canonical import canonical_digest, sha256_hex
 from synth_sandbox.dockerfiles import CopyStep, DockerfilePlan, RunStep, WorkdirStep, dockerfile_plan
-from synth_sandbox.sandbox import SANDBOX_PATH, Sandbox, container_dir_problem
+from synth_sandbox.paths import SANDBOX_PATH, container_dir_problem
+from synth_sandbox.sandbox import Sandbox
 
 DOCKERFILE_NAME = "Dockerfile"
 DOCKERIGNORE_NAME = ".dockerignore"

@@ -303,8 +303,8 @@ class _Interpreter:
         if not self.stages:
             args = {**platform_args(), **self.global_args}
             return {k: v for k, v in args.items() if v is not None}
-        args = {k: v for k, v in self.stage_args.items() if v is not None}
-        return {**args, **self.base_env, **self.plan.env}
+        stage_args = {k: v for k, v in self.stage_args.items() if v is not None}
+        return {**stage_args, **self.base_env, **self.plan.env}
 
     def expand(self, word: str) -> str:
         return expand_word(word=word, scope=self.scope(), escape=self.escape)

@@ -13,8 +13,8 @@ the workdir (``[environment].workdir``, default ``/app``), ``/logs/{agent,verifi
 ``/tests`` and ``/solution`` are per-sandbox host directories bound at those paths, and Harbor's
 uploads/downloads are (symlink-safe) host-side copies.  The environment's Dockerfile is
 applied at start (build.py; refused before start when it cannot be applied faithfully), its
-``ENV`` is the base of every exec's environment.  See sandbox.py for the isolation model and
-docs/sandbox.md for the operator's view.
+``ENV`` is the base of every exec's environment.  See sandbox.py, mounts.py and execs.py for
+the isolation model and docs/sandbox.md for the operator's view.
 """
 
 from __future__ import annotations
@@ -42,19 +42,12 @@ from synth_sandbox.bridge import DEFAULT_MAX_CONNECTIONS
 from synth_sandbox.build import apply_build
 from synth_sandbox.buildcache import DEFAULT_KEEP, BuildCache
 from synth_sandbox.cgroups import detect_hierarchies, make_plan
-from synth_sandbox.sandbox import (
-    CHECK_HOOK,
-    DEFAULT_HOST_DIRS,
-    DEFAULT_MODEL_PORT,
-    DEFAULT_PIDS_MAX,
-    HOOKS_IN_SANDBOX,
-    MODEL_SOCKET_IN_SANDBOX,
-    SANDBOX_PATH,
-    Sandbox,
-    SandboxError,
-    SandboxLimits,
-    find_tools,
-)
+from synth_sandbox.errors import SandboxError
+from synth_sandbox.hooks import CHECK_HOOK, HOOKS_IN_SANDBOX
+from synth_sandbox.limits import DEFAULT_PIDS_MAX, SandboxLimits
+from synth_sandbox.paths import DEFAULT_HOST_DIRS, MODEL_SOCKET_IN_SANDBOX, SANDBOX_PATH
+from synth_sandbox.processes import find_tools
+from synth_sandbox.sandbox import DEFAULT_MODEL_PORT, Sandbox
 from synth_sandbox.support import (
     APP_DIR_NAME,
     DEFAULT_ALLOWED_IMAGES,

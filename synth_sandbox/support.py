@@ -36,7 +36,7 @@ from harbor.models.task.verifier_mode import (
 
 from synth_sandbox.build import DOCKERFILE_NAME, EnvironmentBuild, prepare_build
 from synth_sandbox.dockerfiles import dockerfile_plan
-from synth_sandbox.sandbox import DEFAULT_HOST_DIRS, DEFAULT_WRITABLE_DIRS, container_dir_problem
+from synth_sandbox.paths import DEFAULT_HOST_DIRS, DEFAULT_WRITABLE_DIRS, container_dir_problem
 
 # Base images whose job the host's own userland can do (fnmatch patterns, matched against
 # the image name without registry "docker.io/" and "library/" prefixes).

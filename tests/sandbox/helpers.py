@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from synth_sandbox.sandbox import Sandbox, SandboxLimits
+from synth_sandbox.limits import SandboxLimits
+from synth_sandbox.sandbox import Sandbox
 
 # Under the system temp dir (searchable by the sandbox uid), not pytest's 0700 tmp_path.
 BASE_DIR = Path("/tmp/synth-sandbox-tests")

@@ -16,7 +16,7 @@ from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfi
 from harbor.trial.trial import Trial
 
 from synth_sandbox import ENVIRONMENT_IMPORT_PATH
-from synth_sandbox.sandbox import SANDBOX_PATH
+from synth_sandbox.paths import SANDBOX_PATH
 from synth_sandbox.support import check_task_supported
 from tests.sandbox.helpers import BASE_DIR, requires_sandbox, run
 
@@ -212,7 +212,7 @@ def test_copy_and_add_follow_docker_rules(tmp_path: Path) -> None:
     import tarfile
 
     from synth_sandbox.build import apply_build, prepare_build
-    from synth_sandbox.sandbox import DEFAULT_HOST_DIRS, DEFAULT_WRITABLE_DIRS
+    from synth_sandbox.paths import DEFAULT_HOST_DIRS, DEFAULT_WRITABLE_DIRS
     from tests.sandbox.helpers import started_sandbox
 
     context = tmp_path / "environment"

@@ -16,7 +16,7 @@ from synth_sandbox.dockerfiles import (
     dockerfile_plan,
     expand_word,
 )
-from synth_sandbox.sandbox import DEFAULT_HOST_DIRS, DEFAULT_WRITABLE_DIRS
+from synth_sandbox.paths import DEFAULT_HOST_DIRS, DEFAULT_WRITABLE_DIRS
 
 
 def plan_of(text: str):  # type: ignore[no-untyped-def]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from synth_sandbox.sandbox import SandboxPathError
+from synth_sandbox.errors import SandboxPathError
 from tests.sandbox.helpers import new_marker, requires_root, requires_sandbox, run, started_sandbox
 
 pytestmark = [requires_sandbox, pytest.mark.timeout(60)]

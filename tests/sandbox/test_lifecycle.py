@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from synth_sandbox.sandbox import Sandbox, SandboxExecTimeoutError, SandboxLimits, reap_stale_sandboxes
+from synth_sandbox.errors import SandboxExecTimeoutError
+from synth_sandbox.limits import SandboxLimits
+from synth_sandbox.owners import reap_stale_sandboxes
+from synth_sandbox.sandbox import Sandbox
 from tests.sandbox.helpers import (
     BASE_DIR,
     new_marker,

@@ -7,8 +7,9 @@ import subprocess
 import pytest
 
 from synth_sandbox import cgroups as cgroups_module
-from synth_sandbox import sandbox as sandbox_module
-from synth_sandbox.sandbox import SandboxExecTimeoutError, SandboxLimits
+from synth_sandbox import limits as limits_module
+from synth_sandbox.errors import SandboxExecTimeoutError
+from synth_sandbox.limits import SandboxLimits
 from tests.sandbox.helpers import require_limit, requires_root, requires_sandbox, run, started_sandbox
 
 pytestmark = [requires_sandbox, requires_root, pytest.mark.timeout(60)]
@@ -26,7 +27,7 @@ def tracking(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
                 pytest.skip("no cgroup v1 freezer on this host")
             return found
 
-        monkeypatch.setattr(sandbox_module, "detect_hierarchies", v1_only)
+        monkeypatch.setattr(limits_module, "detect_hierarchies", v1_only)
     return str(request.param)
 
 

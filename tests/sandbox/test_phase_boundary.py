@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from synth_sandbox.sandbox import CHECK_HOOK, HOOKS_IN_SANDBOX
+from synth_sandbox.hooks import CHECK_HOOK, HOOKS_IN_SANDBOX
 from tests.cheats import PROCESS_TECHNIQUES, SCRIPT, cheat_env
 from tests.sandbox.helpers import requires_root, requires_sandbox, run, started_sandbox
 
