@@ -22,7 +22,7 @@ A sandbox may be hostile, so the bridge bounds what it can cost its host: at mos
 holds the connection it accepted until a slot is free and accepts no other meanwhile, so the
 rest wait in the kernel's accept queue (``backlog``; beyond it the kernel refuses them) and
 hold no memory or descriptor of the worker's.  The bridge's own warnings (an unreachable proxy, failed accepts) are folded
-into counts when they repeat (apps.core.logfold), so a flood of failing connections cannot
+into counts when they repeat (synth_common.logfold), so a flood of failing connections cannot
 fill the worker's log.
 """
 
@@ -37,7 +37,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from apps.core.logfold import RepeatFolder
+from synth_common.logfold import RepeatFolder
 
 logger = logging.getLogger(__name__)
 logger.addFilter(RepeatFolder())

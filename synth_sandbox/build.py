@@ -32,7 +32,7 @@ from typing import Literal
 
 from harbor.environments.base import SandboxBuildFailedError
 
-from apps.core.canonical import canonical_digest, sha256_hex
+from synth_common.canonical import canonical_digest, sha256_hex
 from synth_sandbox.dockerfiles import CopyStep, DockerfilePlan, RunStep, WorkdirStep, dockerfile_plan
 from synth_sandbox.sandbox import SANDBOX_PATH, Sandbox, container_dir_problem
 

@@ -1,31 +1,8 @@
-"""Canonical JSON: the one byte form that digests are taken over.
-
-Definition: UTF-8; object keys sorted by code point; no insignificant whitespace
-(separators "," and ":"); non-ASCII characters written as themselves, not escaped;
-floats must be finite; integers written in decimal. Two documents that are equal as
-JSON values have identical canonical bytes, so sha256(canonical) identifies a value.
-"""
+"""Canonical JSON for the server's modules: the definition lives in the Django-free
+synth_common.canonical, which the launcher and the sandbox use as well."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-from typing import Any
+from synth_common.canonical import canonical_bytes, canonical_digest, sha256_hex
 
-
-def canonical_bytes(value: Any) -> bytes:
-    return json.dumps(
-        value,
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-        allow_nan=False,
-    ).encode("utf-8")
-
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def canonical_digest(value: Any) -> str:
-    return sha256_hex(canonical_bytes(value))
+__all__ = ["canonical_bytes", "canonical_digest", "sha256_hex"]
