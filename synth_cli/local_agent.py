@@ -1,12 +1,14 @@
 """`synth agent run`: one attempt on a local task folder, with the launcher and sandbox the
 trials workers use (synth_launcher.launcher, synth_launcher.harbor_agent, the local bubblewrap
 sandbox). Unlike every other command this one executes locally, so it imports the
-platform's execution code (lazily: `synth --help` and the HTTP commands never do).
+execution packages, lazily (`synth --help` and the HTTP commands never do). They are
+Django-free, as is everything here: no server code, no settings.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import tempfile
 import uuid
@@ -26,31 +28,26 @@ class LocalAttempt:
     launch_plan_digest: str
 
 
-def _django() -> None:
-    # The launcher validates recipes with the platform's schema code, which needs settings.
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synth_project.settings")
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    os.environ.setdefault("SYNTH_LOG_LEVEL", "WARNING")
-    os.environ.setdefault("SYNTH_HARBOR_LOG_LEVEL", "WARNING")
-    import logging
+def _logging_quiet() -> None:
+    # Harbor's progress lines would drown the one result this prints: warnings and errors only.
+    # Harbor pins its logger to DEBUG when imported, so import it first, then lower it.
+    import harbor.utils.logger  # noqa: F401
 
-    import django
-
-    django.setup()
-    logging.getLogger("harbor").setLevel(logging.WARNING)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("harbor.utils.logger").setLevel(logging.WARNING)
 
 
 def agent_run_local(*, recipe: dict[str, Any], task_dir: Path, out_dir: Path | None) -> LocalAttempt:
     if not (task_dir / "task.toml").is_file():
         raise UsageError(f"{task_dir}: not a Harbor task folder (no task.toml)")
-    _django()
+    # litellm (which Harbor imports) would otherwise fetch its model cost table from the network.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    _logging_quiet()
     from harbor.models.task.task import Task as HarborTask
     from harbor.models.trial.config import EnvironmentConfig, TrialConfig
     from harbor.models.trial.config import TaskConfig as HarborTaskConfig
     from harbor.trial.trial import Trial as HarborTrial
 
-    from apps.core.errors import ServiceError
-    from apps.runs.evaluation import VERIFIER_ERROR
     from synth_launcher.harbor_agent import recipe_agent_config
     from synth_launcher.launcher import (
         AttemptBinding,
@@ -60,7 +57,8 @@ def agent_run_local(*, recipe: dict[str, Any], task_dir: Path, out_dir: Path | N
         TaskBinding,
         launch_plan_build,
     )
-    from synth_sandbox.boundary import trial_boundary_install
+    from synth_sandbox import ENVIRONMENT_IMPORT_PATH
+    from synth_sandbox.boundary import VERIFIER_ERROR, trial_boundary_install
 
     try:
         harbor_task = HarborTask(task_dir)
@@ -79,16 +77,15 @@ def agent_run_local(*, recipe: dict[str, Any], task_dir: Path, out_dir: Path | N
     )
     try:
         plan = launch_plan_build(recipe=recipe, bindings=bindings)
-    except (LaunchError, ServiceError) as exc:
-        field = getattr(exc, "field", None)
-        raise CliError(f"recipe: {field + ': ' if field else ''}{getattr(exc, 'message', exc)}") from None
+    except LaunchError as exc:  # the recipe's own checks (RecipeInvalid) included
+        raise CliError(f"recipe: {exc.field + ': ' if exc.field else ''}{exc.message}") from None
     trials_dir = out_dir or Path(tempfile.mkdtemp(prefix="synth-agent-"))
     config = TrialConfig(
         task=HarborTaskConfig(path=task_dir.resolve()),
         trial_name=attempt_id,
         trials_dir=trials_dir,
         agent=recipe_agent_config(plan=plan, task_dir=task_dir.resolve()),
-        environment=EnvironmentConfig(import_path="synth_sandbox.environment:LocalSandboxEnvironment"),
+        environment=EnvironmentConfig(import_path=ENVIRONMENT_IMPORT_PATH),
     )
 
     async def main() -> tuple[Any, str | None]:

@@ -1,4 +1,5 @@
-"""The `synth` command: the app tree, `synth login`, and commands of later issues."""
+"""The `synth` command: the app tree, `synth login`, `synth agent run` (local, with the
+workers' launcher and sandbox) and `synth claude`; the other groups live in their modules."""
 
 from __future__ import annotations
 

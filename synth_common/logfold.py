@@ -8,7 +8,7 @@ next record of that kind it lets through how many it dropped. A kind is the logg
 the message template (not its arguments) and the exception's type. At most `max_kinds` kinds
 are remembered (the least recently seen are forgotten), so memory is bounded too.
 
-No Django here: the sandbox's model bridge uses it as well.
+No Django here: the server and the sandbox's model bridge both use it.
 """
 
 from __future__ import annotations

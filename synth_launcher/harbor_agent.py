@@ -1,7 +1,8 @@
 """The Harbor agent that executes a launch plan (see synth_launcher.launcher).
 
 One class for every engine: the recipe was already interpreted by the launcher, so
-this only carries the plan out inside a Harbor environment::
+this only carries the plan out inside a Harbor environment, as the engine registry
+(synth_launcher.engines) says the plan's engine runs::
 
     plan = launch_plan_build(recipe=recipe, bindings=bindings)
     config = TrialConfig(task=..., agent=recipe_agent_config(plan=plan), environment=...)
@@ -13,14 +14,14 @@ The credential travels in ``AgentConfig.env`` (never in kwargs): Harbor redacts
 sensitive env names when it writes the trial config and scrubs their values from every
 file of the trial directory, whereas kwargs are written verbatim.
 
-setup: the plan's files and the instruction file are uploaded (for engine synth-mini also
-the built-in agent, synth_launcher/mini_agent.py, to /installed-agent/synth_mini.py), then
-each setup command runs in the working directory with its own deadline. run: oracle is Harbor's
-OracleAgent (the task's solution is uploaded to /solution and solve.sh runs), nop does
-nothing, any other engine runs the plan's argv in the working directory with the
-plan's env; stdout+stderr go to /logs/agent/<engine>.txt (claude-code: stdout, the
-stream-json transcript, to /logs/agent/claude-code.jsonl; synth-mini writes its own
-transcript, /logs/agent/synth-mini.jsonl), the exit code to
+setup: the plan's files, the instruction file and the engine's uploads (for synth-mini the
+built-in agent, synth_launcher/mini_agent.py, to /installed-agent/synth_mini.py) are
+uploaded, then each setup command runs in the working directory with its own deadline. run:
+oracle is Harbor's OracleAgent (the task's solution is uploaded to /solution and solve.sh
+runs), nop does nothing, any other engine runs the plan's argv in the working directory with
+the plan's env; stdout+stderr go to /logs/agent/<engine>.txt (unless the engine's stdout is
+its transcript: claude-code's goes to /logs/agent/claude-code.jsonl; synth-mini writes its
+own, /logs/agent/synth-mini.jsonl), the exit code to
 /logs/agent/exit-code.txt. A non-zero exit is recorded, not raised (verification decides
 the reward) unless the plan says so. Then the required outputs must exist
 (``RequiredOutputMissing`` otherwise) and are copied to /logs/artifacts/outputs/<path>,
@@ -48,7 +49,8 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 from harbor.models.trial.config import AgentConfig
 
-from synth_launcher.launcher import ARTIFACT_OUTPUTS_DIR, SYNTH_MINI_PATH, LaunchError, LaunchPlan
+from synth_launcher.engines import engine_get
+from synth_launcher.plan import ARTIFACT_OUTPUTS_DIR, LaunchError, LaunchPlan
 from synth_sandbox.boundary import GIT_SANITIZE_SCRIPT
 
 IMPORT_PATH = "synth_launcher.harbor_agent:RecipeAgent"
@@ -62,12 +64,6 @@ CREDENTIAL_ENV = "SYNTH_MODEL_CREDENTIAL"
 EXIT_CODE_FILE = "exit-code.txt"
 PLAN_FILE = "launch-plan.json"
 INSTRUCTION_FILE = "instruction.txt"
-# The built-in minimal agent (engine synth-mini): one standard-library file, uploaded
-# into the sandbox during setup and run by the sandbox's python3.
-SYNTH_MINI_SOURCE = Path(__file__).with_name("mini_agent.py")
-# Engines that write their transcript themselves (the plan's argv names the path); for the
-# others a transcript_path means "stdout is the transcript".
-_OWN_TRANSCRIPT_ENGINES = ("synth-mini",)
 _TAIL_CHARS = 2000
 # Besides the workdir, where a task's environment may keep repositories (sanitize_git).
 SANITIZE_GIT_ROOTS = ("/testbed", "/workspace", "/repo", "/srv", "/home", "/root", "/tmp")
@@ -127,6 +123,7 @@ class RecipeAgent(BaseAgent):
         super().__init__(logs_dir=logs_dir, model_name=model_name, **kwargs)
         self.sanitize_git = sanitize_git
         self.plan = LaunchPlan.from_dict(launch_plan, credential=self._extra_env.get(CREDENTIAL_ENV) or None)
+        self.engine = engine_get(self.plan.engine)
         if self.plan.needs_credential and not self.plan.credential:
             # Fail at Trial.create, not minutes later inside the sandbox.
             raise LaunchError(
@@ -184,8 +181,7 @@ class RecipeAgent(BaseAgent):
             # First, before any command of the recipe can read the history.
             await self._git_sanitize(environment)
         uploads = [(f.path, f.content, f.mode) for f in plan.files]
-        if plan.engine == "synth-mini":
-            uploads.append((SYNTH_MINI_PATH, SYNTH_MINI_SOURCE.read_text(encoding="utf-8"), "0755"))
+        uploads += [(u.target, u.source.read_text(encoding="utf-8"), u.mode) for u in self.engine.uploads]
         if plan.instruction_via == "file":
             uploads.append((plan.instruction_path, plan.instruction, "0644"))
         elif plan.instruction_via in ("argument", "stdin"):
@@ -238,7 +234,7 @@ class RecipeAgent(BaseAgent):
             # file instead of inlining it (same value, no command-line size limit).
             argv[-1] = f'"$(cat {_q(self._instruction_path)})"'
         stdin = self._instruction_path if plan.instruction_via == "stdin" else "/dev/null"
-        if plan.transcript_path and plan.engine not in _OWN_TRANSCRIPT_ENGINES:
+        if plan.transcript_path and self.engine.transcript_is_stdout:
             outputs = f"> {_q(plan.transcript_path)} 2> {_q(plan.log_path)}"
         else:
             outputs = f"> {_q(plan.log_path)} 2>&1"
@@ -279,12 +275,12 @@ class RecipeAgent(BaseAgent):
             "correlation_id": plan.correlation_id,
             "exit_code": None,
         }
-        if plan.engine == "synth-mini":
-            metadata["synth_mini_sha256"] = hashlib.sha256(SYNTH_MINI_SOURCE.read_bytes()).hexdigest()
+        for upload in self.engine.uploads:
+            metadata[f"{upload.name}_sha256"] = hashlib.sha256(upload.source.read_bytes()).hexdigest()
         context.metadata = {**(context.metadata or {}), **metadata}
 
         exit_code: int | None = None
-        if plan.engine == "oracle":
+        if self.engine.runner == "oracle":
             oracle = OracleAgent(
                 logs_dir=self.logs_dir,
                 task_dir=self._find_task_dir(environment),
@@ -295,7 +291,7 @@ class RecipeAgent(BaseAgent):
             # OracleAgent writes the exit code on the host side, and only when non-zero.
             host_exit = self.logs_dir / "exit-code.txt"
             exit_code = int(host_exit.read_text().strip()) if host_exit.is_file() else 0
-        elif plan.engine != "nop":
+        elif self.engine.runner == "argv":
             result = await environment.exec(self._command(), env=plan.exec_env())
             exit_code = result.return_code
             if result.stdout or result.stderr:

@@ -45,6 +45,9 @@ from synth_sandbox.environment import (
 
 logger = logging.getLogger(__name__)
 
+# The error type a trial records when verifier_failure says why its verification does not
+# count (the control plane's summaries count trials by it).
+VERIFIER_ERROR = "VerifierError"
 # Harbor's exceptions for a verification that produced no usable reward.
 VERIFIER_EXCEPTIONS = frozenset(
     {

@@ -9,7 +9,8 @@
 * An integer is an integer: a JSON integer in a body, decimal digits in a query string.
   ``2.0``, ``"2"`` and ``true`` are refused with the field's path rather than normalized
   (the OpenAPI/pydantic "strict" choice): what is accepted is exactly what is stored.
-  JSON Schema's "integer" admits ``2.0``, so the validators below redefine it.
+  JSON Schema's "integer" admits ``2.0``, so the validators (``strict_validator``, defined
+  in the Django-free synth_common.strict_schema and re-exported here) redefine it.
 
 The DRF parsers (apps.core.parsers), the /v1 views and the project's middleware call these.
 """
@@ -22,9 +23,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from jsonschema import Draft202012Validator, validators
-
 from apps.core.errors import ValidationFailed
+from synth_common.strict_schema import is_json_integer, strict_validator
 
 MAX_JSON_DEPTH = 64  # a recipe, a plan or a worker report is a few levels deep
 
@@ -126,11 +126,16 @@ def query_int(raw: str, *, name: str, minimum: int | None = None) -> int:
     return value
 
 
-def is_json_integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def strict_validator(base: Any = Draft202012Validator, *, keywords: dict[str, Any] | None = None) -> Any:
-    """A JSON Schema validator class whose "integer" is a JSON integer (2.0 is not one)."""
-    checker = base.TYPE_CHECKER.redefine("integer", lambda _checker, value: is_json_integer(value))
-    return validators.extend(base, keywords or {}, type_checker=checker)
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "InputProblem",
+    "Path",
+    "field_path",
+    "is_json_integer",
+    "json_loads_strict",
+    "json_value_check",
+    "query_digits",
+    "query_int",
+    "strict_validator",
+    "text_problem",
+]

@@ -10,10 +10,13 @@ sandbox starts:
 3. issues a credential scoped to (org, run, trial, route, snapshot) that expires after the
    trial's agent deadline plus a margin (``model_credential_issue``).
 
-The launcher gets ``ModelBinding(name=<route>, base_url=http://127.0.0.1:<port>)`` and the
-secret (``Bindings.credential``); the sandbox gets ``model_socket`` (the bridge from its own
-127.0.0.1:<port> to the proxy's Unix socket), and, for Claude Code, the ``claude`` executable
-bound read-only at ``/synth/bin/claude`` with ``/synth/bin`` first on PATH. When the trial
+What the recipe's engine needs (whether it uses a model, which host executable it must
+have, its deadlines) comes from the launcher (``launch_needs``, the engine registry), not
+from reading the recipe here. The launcher gets ``ModelBinding(name=<route>,
+base_url=http://127.0.0.1:<port>)`` and the secret (``Bindings.credential``); the sandbox gets
+``model_socket`` (the bridge from its own 127.0.0.1:<port> to the proxy's Unix socket), and,
+when installed, the ``claude`` executable bound read-only at ``/synth/bin/claude`` with
+``/synth/bin`` first on PATH (required for engine claude-code). When the trial
 ends, however it ends, the worker revokes the credential (:func:`model_access_close`).
 
 A failure here (unknown route, an unresolved checkpoint binding, no bridge, proxy down, Claude Code not
@@ -26,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
+import posixpath
 import shutil
 import socket
 import stat
@@ -40,20 +44,15 @@ from django.conf import settings
 
 from apps.accounts.models import ModelCredential
 from apps.accounts.services import model_credential_issue, model_credential_revoke
-from synth_launcher.launcher import ModelBinding
+from synth_launcher.engines import CLAUDE_CODE_BINARY
+from synth_launcher.launcher import LaunchError, LaunchNeeds, ModelBinding, launch_needs
 
 if TYPE_CHECKING:
     from apps.runs.models import Trial
 
-# Inside the sandbox: where the host's Claude Code executable is bound. Not under /opt or
-# /usr: those are read-only binds of the host's directories, so no mount point can be made
-# in them; the sandbox root is a tmpfs where bubblewrap creates it.
-SANDBOX_BIN_DIR = "/synth/bin"
-SANDBOX_CLAUDE = f"{SANDBOX_BIN_DIR}/claude"
-# Engines that never talk to a model: a model binding in their recipe is ignored.
-MODEL_FREE_ENGINES = ("oracle", "nop")
-DEFAULT_AGENT_TIMEOUT_SEC = 1800.0
-DEFAULT_SETUP_TIMEOUT_SEC = 600.0
+# Inside the sandbox: where the host's Claude Code executable is bound (the engine registry's).
+SANDBOX_CLAUDE = CLAUDE_CODE_BINARY.target
+SANDBOX_BIN_DIR = posixpath.dirname(SANDBOX_CLAUDE)
 _ELF_MAGIC = b"\x7fELF"
 
 
@@ -223,19 +222,15 @@ def claude_code_check(*, path: Path) -> None:
         )
 
 
-def credential_ttl(*, recipe: dict[str, Any], task_agent_timeout_sec: float | None, plan: dict[str, Any]) -> timedelta:
+def credential_ttl(*, needs: LaunchNeeds, plan: dict[str, Any]) -> timedelta:
     """How long a trial's credential lives: the agent's deadline as the trial applies it
-    (the recipe's limit capped by the task's, or the plan's override, times the plan's
-    multiplier), plus every setup command's deadline, plus the configured margin."""
-    limits = recipe.get("limits") or {}
-    agent = float(limits.get("timeout_sec") or DEFAULT_AGENT_TIMEOUT_SEC)
-    if task_agent_timeout_sec:
-        agent = min(agent, float(task_agent_timeout_sec))
+    (the launch's, i.e. the recipe's limit capped by the task's, or the plan's override,
+    times the plan's multiplier), plus every setup command's deadline, plus the configured margin."""
+    agent = needs.agent_timeout_sec
     if plan.get("agent_timeout_sec"):
         agent = float(plan["agent_timeout_sec"])
     agent *= float(plan.get("timeout_multiplier") or 1.0)
-    setup = float(limits.get("setup_timeout_sec", DEFAULT_SETUP_TIMEOUT_SEC)) * len(recipe.get("setup") or [])
-    return timedelta(seconds=agent + setup + settings.SYNTH_MODEL_CREDENTIAL_MARGIN_SECONDS)
+    return timedelta(seconds=agent + needs.setup_budget_sec + settings.SYNTH_MODEL_CREDENTIAL_MARGIN_SECONDS)
 
 
 # ---------------------------------------------------------------- writes
@@ -250,10 +245,14 @@ def model_access_open(
     ``role="judge"``, so that its calls are told apart from the attempt's.
     Checks everything before issuing the credential, so a refusal leaves nothing behind.
     """
-    engine = (recipe.get("engine") or {}).get("name")
+    try:
+        needs = launch_needs(recipe=recipe, task_agent_timeout_sec=trial.task_version.agent_timeout_sec)
+    except LaunchError as exc:
+        raise ModelAccessError(f"recipe: {exc.message}") from None
+    engine = needs.engine
     if binding is None:
         binding = trial_model_binding(trial=trial)
-    if not binding or engine in MODEL_FREE_ENGINES:
+    if not binding or not engine.uses_model:
         return None
     if binding.get("checkpoint") and not binding.get("snapshot"):
         # Pinned bindings of checkpoints carry their route and snapshot (apps.runs.bindings).
@@ -287,10 +286,10 @@ def model_access_open(
             claude_code_check(path=claude)
             claude = staged_for_sandbox(path=claude)
         except ModelAccessError:
-            if engine == "claude-code":
+            if engine.host_binary == CLAUDE_CODE_BINARY:
                 raise
             claude = None  # another engine does not need it
-    elif engine == "claude-code":
+    elif engine.host_binary == CLAUDE_CODE_BINARY:
         raise ModelAccessError(
             f"Claude Code is not installed at {settings.SYNTH_CLAUDE_CODE_BIN} (SYNTH_CLAUDE_CODE_BIN); "
             "run `npm ci` in the repository root (deploy/setup.sh does)"
@@ -303,7 +302,7 @@ def model_access_open(
         route=route.name,
         snapshot=str(binding.get("snapshot") or ""),
         role=role,
-        ttl=credential_ttl(recipe=recipe, task_agent_timeout_sec=trial.task_version.agent_timeout_sec, plan=plan),
+        ttl=credential_ttl(needs=needs, plan=plan),
     )
     return ModelAccess(
         binding=ModelBinding(name=route.name, base_url=f"http://127.0.0.1:{port}", route=route.name),

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from synth_launcher.engines import CLAUDE_CODE_ARGV
 from synth_launcher.launcher import (
-    CLAUDE_CODE_ARGV,
     CREDENTIAL_MARKER,
     AttemptBinding,
     Bindings,

@@ -36,8 +36,8 @@ from typing import Any
 
 import pytest
 
+from synth_launcher.engines import SYNTH_MINI_PATH, SYNTH_MINI_SOURCE
 from synth_launcher.launcher import (
-    SYNTH_MINI_PATH,
     AttemptBinding,
     Bindings,
     LaunchError,
@@ -48,7 +48,7 @@ from synth_launcher.launcher import (
     launch_plan_build,
 )
 
-MINI = Path(__file__).resolve().parents[2] / "synth_launcher" / "mini_agent.py"
+MINI = SYNTH_MINI_SOURCE
 HOST_PYTHON = "/usr/bin/python3"  # what the sandbox sees (its /usr is the host's, read-only)
 ENVIRONMENT = os.environ.get("SYNTH_TEST_ENVIRONMENT", "synth_sandbox.environment:LocalSandboxEnvironment")
 

@@ -34,6 +34,7 @@ from apps.trials.model_access import (
     sandbox_model_options,
 )
 from apps.trials.worker import trial_execute
+from synth_launcher.launcher import launch_needs
 from tests.factories import make_dataset_of, make_profile_version, make_task_version_unchecked
 
 ROUTE = "qwen3-unit"
@@ -242,12 +243,19 @@ def test_engines_without_a_model_get_no_access(alice, tmp_path, route, proxy_soc
 
 def test_credential_ttl_follows_the_agent_deadline(settings):
     settings.SYNTH_MODEL_CREDENTIAL_MARGIN_SECONDS = 100
-    recipe = {"limits": {"timeout_sec": 600, "setup_timeout_sec": 50}, "setup": ["a", "b"]}
-    assert credential_ttl(recipe=recipe, task_agent_timeout_sec=None, plan={}) == timedelta(seconds=600 + 100 + 100)
-    assert credential_ttl(recipe=recipe, task_agent_timeout_sec=120, plan={}) == timedelta(seconds=120 + 100 + 100)
-    assert credential_ttl(
-        recipe=recipe, task_agent_timeout_sec=120, plan={"agent_timeout_sec": 300, "timeout_multiplier": 2}
-    ) == timedelta(seconds=600 + 100 + 100)
+    recipe = {**COMMAND_RECIPE, "limits": {"timeout_sec": 600, "setup_timeout_sec": 50}, "setup": ["a", "b"]}
+
+    def ttl(task_agent_timeout_sec: float | None, plan: dict) -> timedelta:
+        return credential_ttl(
+            needs=launch_needs(recipe=recipe, task_agent_timeout_sec=task_agent_timeout_sec), plan=plan
+        )
+
+    assert ttl(None, {}) == timedelta(seconds=600 + 100 + 100)
+    assert ttl(120, {}) == timedelta(seconds=120 + 100 + 100)
+    assert ttl(120, {"agent_timeout_sec": 300, "timeout_multiplier": 2}) == timedelta(seconds=600 + 100 + 100)
+    # Without setup commands there is no setup budget, whatever its deadline.
+    recipe.pop("setup")
+    assert ttl(None, {}) == timedelta(seconds=600 + 100)
 
 
 def test_sandbox_options_bridge_the_proxy_and_put_claude_on_path(tmp_path, settings):

@@ -4,7 +4,8 @@ The platform decides where model traffic goes (the bridge to the capture proxy),
 credential it carries (scoped to one attempt), which model snapshot answers (the recipe's
 model binding, pinned in the run) and how the harness is driven (headless, stream-json
 transcript, no permission prompts). A recipe that sets any of these is rejected with a
-400 naming the field, rather than silently overridden, so its author knows.
+RecipeInvalid naming the field (a 400 from the API), rather than silently overridden, so its
+author knows.
 
 These checks catch mistakes and make intent explicit; they are not the security
 boundary. That is the sandbox (no network but the bridge) and the proxy, which only
@@ -34,7 +35,8 @@ from __future__ import annotations
 import re
 from fnmatch import fnmatchcase
 
-CREDENTIAL = "${credential}"
+from synth_launcher.engines import ENGINES
+from synth_launcher.plan import CREDENTIAL_MARKER
 
 _ROUTE = "the platform points the harness at the bridge to the capture proxy; another endpoint would bypass capture"
 _KEY = (
@@ -46,7 +48,7 @@ _PROVIDER = "switches the harness to another provider, bypassing the proxy"
 _NETWORK = "the sandbox's network path is the platform's; a proxy setting would reroute or exempt traffic"
 _SECRET = (
     "secrets do not belong in a recipe that every member can read and that is pinned forever; set the value "
-    f"to {CREDENTIAL} to pass the scoped per-attempt credential"
+    f"to {CREDENTIAL_MARKER} to pass the scoped per-attempt credential"
 )
 
 # (glob on the upper-cased name, why, whether the value "${credential}" is acceptable)
@@ -108,15 +110,11 @@ _HARNESS_FLAGS: tuple[tuple[str, str], ...] = (
     ("--session-id", "each attempt gets a fresh session; a fixed id would merge attempts' calls in capture"),
 )
 # Per engine, the flags of a command line the platform builds. "command" has none: its
-# recipe owns the whole argv. synth-mini takes the same driving flags as Claude Code.
+# recipe owns the whole argv. synth-mini takes the same driving flags as Claude Code, and
+# the ones its argv builder sets (the engine registry's platform_args).
 RESERVED_ARGS: dict[str, tuple[tuple[str, str], ...]] = {
-    "claude-code": _HARNESS_FLAGS,
-    "synth-mini": _HARNESS_FLAGS
-    + (
-        ("--transcript", "the platform keeps synth-mini's transcript where it collects artifacts"),
-        ("--instruction-file", "the platform delivers the instruction as the recipe's instruction.via says"),
-        ("--", "the platform places the instruction after --"),
-    ),
+    "claude-code": _HARNESS_FLAGS + ENGINES["claude-code"].platform_args,
+    "synth-mini": _HARNESS_FLAGS + ENGINES["synth-mini"].platform_args,
 }
 
 # Per engine, files (relative to the working directory, normalised) the harness reads
@@ -136,7 +134,7 @@ def reserved_env_find(*, name: str, value: str) -> str | None:
     matches = [(why, credential_ok) for glob, why, credential_ok in RESERVED_ENV if fnmatchcase(name.upper(), glob)]
     if not matches:
         return None
-    if value == CREDENTIAL and all(credential_ok for _, credential_ok in matches):
+    if value == CREDENTIAL_MARKER and all(credential_ok for _, credential_ok in matches):
         return None
     return matches[0][0]
 
