@@ -13,7 +13,7 @@ from rest_framework.response import Response
 class ServiceError(Exception):
     """Raised by services; the API layer maps it to a status and the error shape."""
 
-    status_code = status.HTTP_400_BAD_REQUEST
+    status_code: int = status.HTTP_400_BAD_REQUEST
     error_type = "invalid_request"
 
     def __init__(self, message: str, *, field: str | None = None) -> None:

@@ -47,19 +47,19 @@ class MakeImmutable(migrations.operations.base.Operation):
     def __init__(self, table: str) -> None:
         self.table = table
 
-    def state_forwards(self, app_label, state):  # type: ignore[no-untyped-def]
+    def state_forwards(self, app_label, state):
         pass
 
-    def database_forwards(self, app_label, schema_editor, from_state, to_state):  # type: ignore[no-untyped-def]
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
         for statement in _sql(schema_editor.connection.vendor, self.table)[0]:
             schema_editor.execute(statement)
 
-    def database_backwards(self, app_label, schema_editor, from_state, to_state):  # type: ignore[no-untyped-def]
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
         for statement in _sql(schema_editor.connection.vendor, self.table)[1]:
             schema_editor.execute(statement)
 
     def describe(self) -> str:
         return f"Make {self.table} immutable"
 
-    def deconstruct(self):  # type: ignore[no-untyped-def]
+    def deconstruct(self):
         return (self.__class__.__qualname__, [self.table], {})

@@ -20,7 +20,7 @@ class IdCursorPagination(CursorPagination):
     def get_page_size(self, request: Request) -> int:
         # DRF falls back to the default for "2.0", "0" or "-1"; a wrong limit is the caller's error.
         raw = request.query_params.get(self.page_size_query_param)
-        if raw in (None, ""):
+        if raw is None or raw == "":
             return self.page_size
         return min(query_int(raw, name=self.page_size_query_param, minimum=1), self.max_page_size)
 

@@ -68,7 +68,7 @@ class TransitionTable:
         sources = self.sources_of(to=to, source=source)
         filters = {"pk": pk, f"{self.field}__in": sources, **(where or {})}
         changes = {self.field: to, **(values or {})}
-        moved = self.model.objects.filter(**filters).update(**changes) == 1
+        moved = self.model._default_manager.filter(**filters).update(**changes) == 1
         if moved and instance is not None:
             _reflect(instance=instance, changes=changes)
         return moved
@@ -84,7 +84,7 @@ class TransitionTable:
         """Move many rows with one UPDATE; returns how many moved. To know which ones,
         lock the rows first (``select_for_update``) in the same transaction."""
         sources = self.sources_of(to=to, source=source)
-        return self.model.objects.filter(pk__in=list(pks), **{f"{self.field}__in": sources}).update(
+        return self.model._default_manager.filter(pk__in=list(pks), **{f"{self.field}__in": sources}).update(
             **{self.field: to, **(values or {})}
         )
 
