@@ -43,7 +43,10 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from apps.proxy.adapters.template_base import TemplateAdapter
 
 # Per family: the text that opens an assistant turn, the special token that ends a turn,
 # and the separator the template writes after it (the next turn then starts with a
@@ -185,20 +188,19 @@ class PrefixCache:
                 self._bytes -= evicted.size
 
 
-def chatml_tokenize(*, adapter: Any, text: str) -> list[int]:
+def chatml_tokenize(*, adapter: TemplateAdapter, text: str) -> list[int]:
     """Tokenize a ChatML (Qwen) suffix exactly as the Qwen adapter tokenizes its chunks.
 
     The adapter splits its prompt into chunks that each start at "<|im_start|>" and
     tokenizes them separately (exact, since that is a special token), except that an
     assistant turn found in its sampled-turn memo (a turn the model sampled with ids that
-    a re-tokenization would not reproduce) is spliced in as the sampled ids. This does the
-    same on the suffix, through the adapter's public `memo` and `encode`, so a cache hit
-    yields the adapter's own ids.
+    a re-tokenization would not reproduce) is spliced in as the ids the memo holds for the
+    whole turn. This does the same on the suffix, through the adapter's `memo` and
+    `encode`, so a cache hit yields the adapter's own ids.
     """
     opener = "<|im_start|>"
     header = "<|im_start|>assistant\n"
     closer = "<|im_end|>\n"
-    memo = getattr(adapter, "memo", None)
     pieces: list[str] = []
     start = 0
     while True:
@@ -212,10 +214,10 @@ def chatml_tokenize(*, adapter: Any, text: str) -> list[int]:
     for piece in pieces:
         if not piece:
             continue
-        if memo is not None and piece.startswith(header) and piece.endswith(closer):
-            sampled = memo.get(piece)
-            if sampled is not None:
-                ids += adapter.encode(header) + list(sampled) + adapter.encode(closer)
+        if piece.startswith(header) and piece.endswith(closer):
+            turn_ids = adapter.memo.get(piece)
+            if turn_ids is not None:
+                ids += turn_ids
                 continue
         ids += adapter.encode(piece)
     return ids

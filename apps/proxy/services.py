@@ -16,7 +16,6 @@ import hashlib
 import hmac
 import logging
 import secrets
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from django.conf import settings
 
 from apps.proxy import pool, selectors
 from apps.proxy.adapters.base import ChatAdapter, RenderedPrompt
+from apps.proxy.adapters.template_base import TemplateAdapter
 from apps.proxy.capture import CaptureRecord
 from apps.proxy.credentials import Caller, route_authorize
 from apps.proxy.errors import ApiError, InvalidRequest, Overloaded, ProxyError
@@ -185,51 +185,17 @@ def _adapter_input(request: dict[str, Any]) -> dict[str, Any]:
     return {k: request[k] for k in ("system", "messages", "tools", "tool_choice", "thinking") if k in request}
 
 
-def template_text(*, adapter: ChatAdapter, request: dict[str, Any]) -> str | None:
-    """The prompt text without tokenizing it, or None if the adapter cannot say.
-
-    The hook is a public `render_text(request=...)` (the template-based adapters have it).
-    The Qwen adapter currently renders text only inside `render`; for it, the same steps
-    `render` takes are replayed without the tokenization (its module's `to_chat_messages`
-    and `thinking_enabled`, then `_render_chunks`). Should that internal shape change,
-    this returns None and the call is tokenized in full: slower, never wrong.
-    """
-    public = getattr(adapter, "render_text", None)
-    if public is not None:
-        return public(request=request)
-    chunks_of = getattr(adapter, "_render_chunks", None)
-    module = sys.modules.get(type(adapter).__module__)
-    to_messages = getattr(module, "to_chat_messages", None)
-    thinking = getattr(module, "thinking_enabled", None)
-    if chunks_of is None or to_messages is None or thinking is None:
-        return None
-    try:
-        messages, tools = to_messages(request)
-        prefill = bool(messages) and messages[-1]["role"] == "assistant"
-        chunks = chunks_of(
-            messages,
-            tools,
-            add_generation_prompt=not prefill,
-            enable_thinking=thinking(request, getattr(adapter, "thinking_when_unspecified", True)),
-        )
-        return "".join(c if isinstance(c, str) else c.text for c in chunks)
-    except Exception:  # noqa: BLE001 - the internal shape changed: render in full instead
-        logger.warning("no text-only rendering for %s; prefix reuse is off", type(adapter).__name__, exc_info=True)
-        return None
-
-
 def render_with_cache(
-    *, adapter: ChatAdapter, family: str, request: dict[str, Any], key: CacheKey | None
+    *, adapter: TemplateAdapter, family: str, request: dict[str, Any], key: CacheKey | None
 ) -> RenderedPrompt:
     """Render; on a prefix-cache hit tokenize only the suffix (ids identical either way).
 
-    Only families with exact reuse (TURN_MARKERS) whose adapter can give the template text
-    without tokenizing take this path; the others render in full. A miss uses the
-    adapter's complete rendering, so its ids are the authority.
+    Only families with exact reuse (TURN_MARKERS) take this path; the others render in
+    full. A miss uses the adapter's complete rendering, so its ids are the authority.
     """
-    text = template_text(adapter=adapter, request=request) if key is not None and family in TURN_MARKERS else None
-    if text is None:
+    if key is None or family not in TURN_MARKERS:
         return adapter.render(request=request)
+    text = adapter.render_text(request=request)
     full: list[RenderedPrompt] = []
 
     def full_ids() -> list[int]:

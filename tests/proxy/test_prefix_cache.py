@@ -207,6 +207,6 @@ def test_chatml_tokenize_matches_plain_encoding_without_splices(adapter):
     assert json.dumps(chatml_tokenize(adapter=adapter, text="")) == "[]"
 
 
-def test_template_text_is_the_rendered_text(adapter):
+def test_render_text_is_the_rendered_text(adapter):
     req = request(conversation(3), thinking={"type": "disabled"})
-    assert services.template_text(adapter=adapter, request=req) == adapter.render(request=req).text
+    assert adapter.render_text(request=req) == adapter.render(request=req).text
