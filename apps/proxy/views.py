@@ -4,7 +4,7 @@
     POST /v1/messages/count_tokens  {"input_tokens": N}, exact, with the model's tokenizer
     GET  /v1/models[/<id>]          the routes this caller may use
 
-Thin: read HTTP, call services, write HTTP/SSE. Every failure is an Anthropic-shaped error
+Thin: read HTTP, run the call pipeline (calls.py), write HTTP/SSE. Every failure is an Anthropic-shaped error
 (apps.proxy.errors); an unexpected exception is logged and answered 500 api_error rather
 than Django's HTML page. Refusals (auth, validation, prompt too long, admission) happen
 before the stream starts, so they are HTTP statuses Claude Code acts on (it compacts on a
@@ -31,7 +31,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from apps.core.ids import new_id
 from apps.core.inputs import InputProblem, json_loads_strict
-from apps.proxy import capture, pool, schema, services, streaming
+from apps.proxy import calls, capture, pool, schema, streaming
 from apps.proxy.credentials import Caller, caller_authenticate, secret_from_headers
 from apps.proxy.errors import (
     ApiError,
@@ -44,6 +44,7 @@ from apps.proxy.errors import (
     new_request_id,
 )
 from apps.proxy.models import Delivery
+from apps.proxy.routes import routes_for_caller
 
 logger = logging.getLogger(__name__)
 
@@ -180,10 +181,10 @@ class _CapturedResponse(JsonResponse):
         super().close()
 
 
-async def _stage_unfinished(prepared: services.Prepared, *, delivery: str, error: str) -> None:
+async def _stage_unfinished(prepared: calls.Prepared, *, delivery: str, error: str) -> None:
     """Record a call that produced no delivered answer (failed or abandoned)."""
     try:
-        rec = services.capture_record(prepared=prepared, completion=None, error=error)
+        rec = calls.capture_record(prepared=prepared, completion=None, error=error)
         interaction = await _db(capture.interaction_stage)(rec=rec)
         await _db(capture.interaction_settle)(interaction_id=interaction.id, delivery=delivery, error=error)
     except Exception:  # noqa: BLE001 - never turn a recording failure into a second error
@@ -200,11 +201,11 @@ async def messages_view(request: HttpRequest) -> HttpResponse:
             raise MethodNotAllowed(f"{request.method} is not allowed; use POST")
         caller = await _authenticate(request)
         body = await _parsed(request, schema.messages_request_parse)
-        ctx = await _db(services.call_context_build)(
+        ctx = await _db(calls.call_context_build)(
             caller=caller, model=body["model"], headers=request.headers, request_id=request_id
         )
         ticket = pool.generation.reserve(caller=caller.key)
-        prepared = await services.message_prepare(ctx=ctx, request=body)
+        prepared = await calls.message_prepare(ctx=ctx, request=body)
     except BaseException as exc:  # noqa: BLE001 - every failure answers in Anthropic's shape
         if ticket is not None:
             ticket.release()
@@ -214,7 +215,7 @@ async def messages_view(request: HttpRequest) -> HttpResponse:
     message_id = new_id("msg")
     if prepared.max_tokens == 0:  # cache pre-warm: nothing to sample
         ticket.release()
-        body_zero = services.message_body(message_id=message_id, prepared=prepared, completion=None)
+        body_zero = calls.message_body(message_id=message_id, prepared=prepared, completion=None)
         if not body["stream"]:
             return _json(body_zero, request_id=request_id)
         return _sse_response(_zero_stream(body_zero), request_id=request_id)
@@ -225,7 +226,7 @@ async def messages_view(request: HttpRequest) -> HttpResponse:
         weakref.finalize(events, ticket.release)
         return _sse_response(events, request_id=request_id)
     try:
-        completion = await services.message_sample(prepared=prepared, ticket=ticket)
+        completion = await calls.message_sample(prepared=prepared, ticket=ticket)
     except asyncio.CancelledError:
         await _stage_unfinished(prepared, delivery=Delivery.CLIENT_DISCONNECTED, error="client disconnected")
         raise
@@ -235,10 +236,10 @@ async def messages_view(request: HttpRequest) -> HttpResponse:
     finally:
         ticket.release()
     total_ms = (time.perf_counter() - started) * 1000
-    rec = services.capture_record(prepared=prepared, completion=completion, total_ms=total_ms)
+    rec = calls.capture_record(prepared=prepared, completion=completion, total_ms=total_ms)
     interaction = await _db(capture.interaction_stage)(rec=rec)  # staged before the JSON goes out
     response = _CapturedResponse(
-        services.message_body(message_id=message_id, prepared=prepared, completion=completion),
+        calls.message_body(message_id=message_id, prepared=prepared, completion=completion),
         json_dumps_params={"ensure_ascii": False},
     )
     response["request-id"] = request_id
@@ -261,7 +262,7 @@ async def _zero_stream(body: dict[str, Any]) -> AsyncIterator[bytes]:
 
 
 async def _event_stream(
-    prepared: services.Prepared, ticket: pool.Ticket, message_id: str, started: float
+    prepared: calls.Prepared, ticket: pool.Ticket, message_id: str, started: float
 ) -> AsyncIterator[bytes]:
     """message_start at once, pings while waiting for a slot and the sampler, then the
     parsed blocks; the interaction is staged before the first content event (so before
@@ -269,15 +270,15 @@ async def _event_stream(
     input_tokens = len(prepared.fitted.rendered.token_ids)
     interaction_id: str | None = None
     outcome: tuple[str, str] | None = None  # (delivery, error) once known
-    task: asyncio.Task[services.Completion] | None = None
+    task: asyncio.Task[calls.Completion] | None = None
     staging: asyncio.Future[Any] | None = None
     try:
         yield streaming.message_start(
             message_id=message_id,
             model=prepared.ctx.model_requested,
-            usage=services.usage(input_tokens=input_tokens, output_tokens=0),
+            usage=calls.usage(input_tokens=input_tokens, output_tokens=0),
         )
-        task = asyncio.ensure_future(services.message_sample(prepared=prepared, ticket=ticket))
+        task = asyncio.ensure_future(calls.message_sample(prepared=prepared, ticket=ticket))
         while True:
             done, _ = await asyncio.wait({task}, timeout=PING_SECONDS)
             if done:
@@ -293,7 +294,7 @@ async def _event_stream(
             await _stage_unfinished(prepared, delivery=Delivery.FAILED, error=exc.message)
             yield streaming.error_event(error_type=exc.error_type, message=exc.message)
             return
-        rec = services.capture_record(
+        rec = calls.capture_record(
             prepared=prepared, completion=completion, total_ms=(time.perf_counter() - started) * 1000
         )
         # Shielded: a disconnect during the write must not leave a row we do not know of.
@@ -309,7 +310,7 @@ async def _event_stream(
         for index, block in enumerate(completion.blocks):
             for event in streaming.block_events(index=index, block=block):
                 yield event
-        end_usage = services.usage(input_tokens=input_tokens, output_tokens=completion.delivered_ids)
+        end_usage = calls.usage(input_tokens=input_tokens, output_tokens=completion.delivered_ids)
         for event in streaming.message_end(
             stop_reason=completion.stop_reason, stop_sequence=completion.stop_sequence, usage=end_usage
         ):
@@ -349,11 +350,11 @@ async def count_tokens_view(request: HttpRequest) -> HttpResponse:
             raise MethodNotAllowed(f"{request.method} is not allowed; use POST")
         caller = await _authenticate(request)
         body = await _parsed(request, schema.count_tokens_request_parse)
-        ctx = await _db(services.call_context_build)(
+        ctx = await _db(calls.call_context_build)(
             caller=caller, model=body["model"], headers=request.headers, request_id=request_id
         )
         async with pool.counting.reserve(caller=caller.key):
-            count = await services.tokens_count(ctx=ctx, request=body)
+            count = await calls.tokens_count(ctx=ctx, request=body)
     except Exception as exc:  # noqa: BLE001
         return _reject(exc, request_id)
     return _json({"input_tokens": count}, request_id=request_id)
@@ -379,7 +380,7 @@ async def models_view(request: HttpRequest) -> HttpResponse:
         if request.method != "GET":
             raise MethodNotAllowed(f"{request.method} is not allowed; use GET")
         caller = await _authenticate(request)
-        routes = await _db(services.routes_for_caller)(caller=caller)
+        routes = await _db(routes_for_caller)(caller=caller)
     except Exception as exc:  # noqa: BLE001
         return _reject(exc, request_id)
     data = [_model_dict(r) for r in routes]
@@ -401,7 +402,7 @@ async def model_detail_view(request: HttpRequest, model_id: str) -> HttpResponse
         if request.method != "GET":
             raise MethodNotAllowed(f"{request.method} is not allowed; use GET")
         caller = await _authenticate(request)
-        routes = await _db(services.routes_for_caller)(caller=caller)
+        routes = await _db(routes_for_caller)(caller=caller)
         route = next((r for r in routes if r.name == model_id), None)
         if route is None:
             raise NotFound(f"model: {model_id}")

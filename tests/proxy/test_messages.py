@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from apps.proxy import services, views
+from apps.proxy import calls, views
 from apps.proxy.samplers.base import Sampler, SampleRequest, SampleResult
 from tests.conftest import make_member
 from tests.proxy.conftest import assert_error, call, encode, make_route, scripted
@@ -198,7 +198,7 @@ def test_pings_while_the_sampler_works(alice, qwen3_tokenizer, monkeypatch):
     async def slow(*, route, snapshot):
         return SlowSampler()
 
-    monkeypatch.setattr(services, "sampler_get", slow)
+    monkeypatch.setattr(calls, "sampler_get", slow)
     monkeypatch.setattr(views, "PING_SECONDS", 0.05)
     make_route()
     r = call(
@@ -267,7 +267,7 @@ def test_max_tokens_is_clamped_to_the_route_and_zero_samples_nothing(alice, qwen
     async def recording(*, route, snapshot):
         return Recording()
 
-    monkeypatch.setattr(services, "sampler_get", recording)
+    monkeypatch.setattr(calls, "sampler_get", recording)
     make_route(max_output=256)
     body = {"model": "qwen3-test", "max_tokens": 32000, "messages": [{"role": "user", "content": "x"}]}
     assert call("/v1/messages", secret=alice.secret, body=body).status == 200
@@ -314,7 +314,7 @@ def test_sampler_failure_after_200_is_an_error_event(alice, monkeypatch):
     async def down(*, route, snapshot):
         return Down()
 
-    monkeypatch.setattr(services, "sampler_get", down)
+    monkeypatch.setattr(calls, "sampler_get", down)
     make_route()
     body = {"model": "qwen3-test", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}
     assert_error(call("/v1/messages", secret=alice.secret, body=body), 529, "overloaded_error")
