@@ -94,6 +94,8 @@ def prefix_cache_swapped(cache: Any):
 
 
 async def run(args: argparse.Namespace) -> None:
+    from django.conf import settings
+
     from apps.accounts.models import Organization
     from apps.proxy import calls as call_pipeline
     from apps.proxy import pool, schema
@@ -186,7 +188,7 @@ async def run(args: argparse.Namespace) -> None:
     print()
     print(
         f"per-call proxy CPU time (ms), Qwen3 adapter, {args.conversations} conversation(s) x {args.repeat} "
-        f"repeat(s), calls 2.. of each conversation, {pool.CPU_WORKERS} pool workers; p50 p99 per column; "
+        f"repeat(s), calls 2.. of each conversation, {settings.SYNTH_PROXY_CPU_WORKERS} pool workers; p50 p99 per column; "
         f"ratios are of p50s"
     )
     header = (

@@ -37,13 +37,14 @@ used from the worker pool.
 
 from __future__ import annotations
 
-import os
 import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from django.conf import settings
 
 if TYPE_CHECKING:
     from apps.proxy.adapters.template_base import TemplateAdapter
@@ -56,9 +57,6 @@ TURN_MARKERS: dict[str, tuple[str, str, str]] = {
     "qwen3": ("<|im_start|>assistant", "<|im_end|>", "\n"),
     "qwen2.5": ("<|im_start|>assistant", "<|im_end|>", "\n"),
 }
-
-MAX_ENTRIES = int(os.environ.get("SYNTH_PROXY_PREFIX_CACHE_ENTRIES") or 512)
-MAX_BYTES = int(os.environ.get("SYNTH_PROXY_PREFIX_CACHE_BYTES") or 256 * 1024 * 1024)
 
 CacheKey = tuple[str, ...]
 
@@ -95,9 +93,10 @@ def assistant_boundary(text: str, *, assistant_open: str, turn_end: str, separat
 
 
 class PrefixCache:
-    def __init__(self, *, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES) -> None:
-        self.max_entries = max_entries
-        self.max_bytes = max_bytes
+    def __init__(self, *, max_entries: int | None = None, max_bytes: int | None = None) -> None:
+        # Unset bounds come from SYNTH_PROXY_PREFIX_CACHE_ENTRIES / _BYTES.
+        self.max_entries = settings.SYNTH_PROXY_PREFIX_CACHE_ENTRIES if max_entries is None else max_entries
+        self.max_bytes = settings.SYNTH_PROXY_PREFIX_CACHE_BYTES if max_bytes is None else max_bytes
         self._entries: OrderedDict[CacheKey, _Entry] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()

@@ -21,8 +21,8 @@ Where the data comes from (shared/research/tokenizers.md has the evidence):
 Every source is checked against a pinned sha256 BEFORE anything is written; a build goes to a
 temporary directory that replaces the old one only after its special ids load correctly.
 
-Users with a Hugging Face hub can set SYNTH_TOKENIZER_SOURCE=hub (setting or environment) to
-load each family from the hub repo in SYNTH_TOKENIZER_HUB_REPOS (defaults below) instead.
+Users with a Hugging Face hub can set SYNTH_TOKENIZER_SOURCE=hub to load each family from the
+hub repo in SYNTH_TOKENIZER_HUB_REPOS (defaults below) instead.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
-import os
 import shutil
 import tempfile
 import threading
@@ -631,7 +630,7 @@ def provision(
 def tokenizer_source() -> str:
     from django.conf import settings
 
-    return str(getattr(settings, "SYNTH_TOKENIZER_SOURCE", "") or os.environ.get("SYNTH_TOKENIZER_SOURCE") or "local")
+    return settings.SYNTH_TOKENIZER_SOURCE
 
 
 def tokenizer_load(family: str, *, root: Path | None = None) -> Any:
@@ -663,8 +662,7 @@ def _load_local(family: str, root: str) -> Any:
 def hub_repo(family: str) -> str:
     from django.conf import settings
 
-    overrides = getattr(settings, "SYNTH_TOKENIZER_HUB_REPOS", None) or {}
-    return str(overrides.get(family) or DEFAULT_HUB_REPOS[family])
+    return str(settings.SYNTH_TOKENIZER_HUB_REPOS.get(family) or DEFAULT_HUB_REPOS[family])
 
 
 _hub_cache: dict[str, Any] = {}
