@@ -149,7 +149,7 @@ def test_fitting_is_recorded_and_the_effective_prompt_captured(alice):
     assert interaction.principal_kind == "operator" and interaction.eligibility == Eligibility.INELIGIBLE
 
 
-def test_client_disconnect_during_sampling(alice, qwen3_tokenizer, monkeypatch, published):
+def test_client_disconnect_during_sampling(alice, qwen3_tokenizer, monkeypatch, published, settings):
     class Slow(Sampler):
         async def sample(self, request: SampleRequest) -> SampleResult:
             await asyncio.sleep(30)
@@ -159,7 +159,7 @@ def test_client_disconnect_during_sampling(alice, qwen3_tokenizer, monkeypatch, 
         return Slow()
 
     monkeypatch.setattr(calls, "sampler_get", slow)
-    monkeypatch.setattr(views, "PING_SECONDS", 0.02)
+    settings.SYNTH_PROXY_PING_SECONDS = 0.02
     make_route()
     secret = issue(alice.org, "qwen3-test")
 

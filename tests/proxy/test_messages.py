@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from apps.proxy import calls, views
+from apps.proxy import calls
 from apps.proxy.samplers.base import Sampler, SampleRequest, SampleResult
 from tests.conftest import make_member
 from tests.proxy.conftest import assert_error, call, encode, make_route, scripted
@@ -188,7 +188,7 @@ def test_stream_thinking_block_and_long_text_chunks(alice, qwen3_tokenizer):
     assert len(text_parts) > 1 and "".join(text_parts) == long_text
 
 
-def test_pings_while_the_sampler_works(alice, qwen3_tokenizer, monkeypatch):
+def test_pings_while_the_sampler_works(alice, qwen3_tokenizer, monkeypatch, settings):
     class SlowSampler(Sampler):
         async def sample(self, request: SampleRequest) -> SampleResult:
             await asyncio.sleep(0.35)
@@ -199,7 +199,7 @@ def test_pings_while_the_sampler_works(alice, qwen3_tokenizer, monkeypatch):
         return SlowSampler()
 
     monkeypatch.setattr(calls, "sampler_get", slow)
-    monkeypatch.setattr(views, "PING_SECONDS", 0.05)
+    settings.SYNTH_PROXY_PING_SECONDS = 0.05
     make_route()
     r = call(
         "/v1/messages",
