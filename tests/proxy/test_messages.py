@@ -18,7 +18,7 @@ TOOL_CALL = (
     '<tool_call>\n{"name": "Bash", "arguments": {"command": "ls -la", "description": "list"}}\n</tool_call><|im_end|>'
 )
 
-# What Claude Code sends (claude-code-observed.md), trimmed: every field must be accepted.
+# What Claude Code sends (as observed on the wire), trimmed: every field must be accepted.
 CLAUDE_CODE_BODY = {
     "model": "claude-sonnet-4-5-20250929",
     "max_tokens": 32000,
