@@ -253,7 +253,7 @@ def _prepare_sync(
             turn_end_id=turn_end_id,
             separator_ids=separator_ids,
         )
-    return fitted, int(getattr(rendered, "reused", 0))
+    return fitted, rendered.reused if isinstance(rendered, _Rendered) else 0
 
 
 async def message_prepare(*, ctx: CallContext, request: dict[str, Any]) -> Prepared:

@@ -163,7 +163,7 @@ def interactive_credential_issue(*, org: Any, user: Any, model: str, ttl: Any) -
         "route": route.name,
         "checkpoint": checkpoint,
         "family": route.family,
-        "base_url": getattr(settings, "SYNTH_PROXY_PUBLIC_URL", None) or settings.SYNTH_PUBLIC_URL,
+        "base_url": settings.SYNTH_PROXY_PUBLIC_URL or settings.SYNTH_PUBLIC_URL,
         "session": session,
         "expires_at": cred.expires_at,
     }

@@ -4,7 +4,8 @@
     POST /v1/messages/count_tokens  {"input_tokens": N}, exact, with the model's tokenizer
     GET  /v1/models[/<id>]          the routes this caller may use
 
-Thin: read HTTP, run the call pipeline (calls.py), write HTTP/SSE. Every failure is an Anthropic-shaped error
+Thin: read HTTP, run the call pipeline (calls.py), write HTTP/SSE; what became of an
+answer is recorded by delivery.py. Every failure is an Anthropic-shaped error
 (apps.proxy.errors); an unexpected exception is logged and answered 500 api_error rather
 than Django's HTML page. Refusals (auth, validation, prompt too long, admission) happen
 before the stream starts, so they are HTTP statuses Claude Code acts on (it compacts on a
