@@ -357,7 +357,7 @@ def inputs_make(*, base: Path, training: bool) -> Inputs:
         token=token_issue(org=org, user=user, name="faults").secret,
     )
     if training:
-        from apps.proxy.services import DEFAULT_ROUTE, route_upsert
+        from apps.proxy.routes import DEFAULT_ROUTE, route_upsert
         from apps.proxy.tokenizers import provision
 
         provision(["qwen3"], root=Path(os.environ["SYNTH_TOKENIZER_DIR"]))

@@ -8,18 +8,18 @@ POST /v1/messages minus HTTP, auth, the database and sampling):
 
 * decode: json.loads of the request body + schema.messages_request_parse (the view does
   both in the worker pool before anything else);
-* prepare: services.message_prepare (adapter lookup, render, tokenize, fit, prefix-cache
+* prepare: calls.message_prepare (adapter lookup, render, tokenize, fit, prefix-cache
   bookkeeping; worker-pool hops included), read from its own `render_ms`, the figure the
   proxy records in every capture. Three ways, on the same request, in this order:
     hit   - the conversation's prefix-cache entry is warm (the previous call of the
             conversation went through it): the proxy's steady state;
-    miss  - a fresh, empty prefix cache (services.prefix_cache swapped for the call): the
+    miss  - a fresh, empty prefix cache (calls.prefix_cache swapped for the call): the
             adapter renders and tokenizes in full, helped only by its own cache of
             tokenized prompt chunks, which the miss calls of the earlier turns keep warm.
             This is the proxy without the prefix cache (or after its entry was evicted);
     cold  - a fresh prefix cache AND a fresh adapter (empty chunk cache): every token of
             the prompt is tokenized, as on the first call of a conversation in a process;
-* parse: services.message_sample with a scripted sampler that returns, at once, the ids
+* parse: calls.message_sample with a scripted sampler that returns, at once, the ids
   of the conversation's next assistant turn (thinking, text, tool calls); its own
   `parse_ms` timing (stop-sequence check, adapter.parse, block finalization).
 
@@ -83,19 +83,22 @@ def fresh_adapter():
 
 @contextmanager
 def prefix_cache_swapped(cache: Any):
-    from apps.proxy import services
+    from apps.proxy import calls
 
-    previous = services.prefix_cache
-    services.prefix_cache = cache
+    previous = calls.prefix_cache
+    calls.prefix_cache = cache
     try:
         yield
     finally:
-        services.prefix_cache = previous
+        calls.prefix_cache = previous
 
 
 async def run(args: argparse.Namespace) -> None:
+    from django.conf import settings
+
     from apps.accounts.models import Organization
-    from apps.proxy import pool, schema, services
+    from apps.proxy import calls as call_pipeline
+    from apps.proxy import pool, schema
     from apps.proxy.adapters.registry import adapter_for
     from apps.proxy.credentials import Caller
     from apps.proxy.models import ModelRoute
@@ -114,8 +117,8 @@ async def run(args: argparse.Namespace) -> None:
     org = Organization(id="org_benchoverhead", slug="bench-overhead")
     caller = Caller(org=org, kind="operator", token_id="tok_benchoverhead")
 
-    def ctx_for(conv: Conversation, request_id: str) -> services.CallContext:
-        return services.CallContext(
+    def ctx_for(conv: Conversation, request_id: str) -> call_pipeline.CallContext:
+        return call_pipeline.CallContext(
             request_id=request_id,
             caller=caller,
             route=route,
@@ -148,13 +151,13 @@ async def run(args: argparse.Namespace) -> None:
                 decode_ms = (time.perf_counter() - t0) * 1000
                 ctx = ctx_for(conv, f"req_bench_{c}_{turn}_{rep}")
                 with prefix_cache_swapped(warm):
-                    hit = await services.message_prepare(ctx=ctx, request=request)
+                    hit = await call_pipeline.message_prepare(ctx=ctx, request=request)
                 with prefix_cache_swapped(PrefixCache()):
-                    miss = await services.message_prepare(ctx=ctx, request=request)
+                    miss = await call_pipeline.message_prepare(ctx=ctx, request=request)
                 with prefix_cache_swapped(PrefixCache()), fresh_adapter():
-                    cold = await services.message_prepare(ctx=ctx, request=request)
+                    cold = await call_pipeline.message_prepare(ctx=ctx, request=request)
                 ticket = pool.generation.reserve(caller=caller.key)
-                completion = await services.message_sample(prepared=hit, ticket=ticket)
+                completion = await call_pipeline.message_sample(prepared=hit, ticket=ticket)
                 calls += 1
                 tokens = len(hit.fitted.rendered.token_ids)
                 if list(miss.fitted.rendered.token_ids) != list(hit.fitted.rendered.token_ids):
@@ -185,7 +188,7 @@ async def run(args: argparse.Namespace) -> None:
     print()
     print(
         f"per-call proxy CPU time (ms), Qwen3 adapter, {args.conversations} conversation(s) x {args.repeat} "
-        f"repeat(s), calls 2.. of each conversation, {pool.CPU_WORKERS} pool workers; p50 p99 per column; "
+        f"repeat(s), calls 2.. of each conversation, {settings.SYNTH_PROXY_CPU_WORKERS} pool workers; p50 p99 per column; "
         f"ratios are of p50s"
     )
     header = (

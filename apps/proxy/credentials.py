@@ -14,14 +14,18 @@ Two kinds of caller:
 
 The secret comes from ``x-api-key`` (ANTHROPIC_API_KEY) or ``Authorization: Bearer``
 (ANTHROPIC_AUTH_TOKEN); Claude Code's apiKeyHelper sends the same value in both.
+
+Credentials are issued through apps.accounts.services (model_credential_issue); an interactive
+session's (``synth claude``) by `interactive_credential_issue` below, for the REST API.
 """
 
 from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+from django.conf import settings
 from django.utils import timezone
 
 from apps.accounts.models import Membership, ModelCredential, Organization, Role
@@ -117,3 +121,49 @@ def route_authorize(*, caller: Caller, model: str) -> tuple[ModelRoute, str]:
     if route is None or not route.inference_enabled:
         raise NotFound(f"model: {model}")
     return route, ""
+
+
+# ISSUANCE
+# ------------------------------------------------------------------------------
+
+
+def interactive_credential_issue(*, org: Any, user: Any, model: str, ttl: Any) -> dict[str, Any]:
+    """Issue an interactive session's model credential: one route (or one checkpoint of this
+    organization, served by its route with its weights), this organization, `ttl`.
+
+    `model` is a route name or alias, or a checkpoint id (``ckpt_...``).
+    """
+    import uuid
+
+    from django.utils.module_loading import import_string
+
+    from apps.accounts.services import model_credential_issue
+    from apps.core.errors import NotFound
+
+    snapshot = ""
+    checkpoint = None
+    if model.startswith("ckpt_"):
+        # Checkpoints belong to the training app; the proxy reaches them through the
+        # configured resolver rather than importing it.
+        binding = import_string(settings.SYNTH_CHECKPOINT_RESOLVER)(org=org, checkpoint_id=model)
+        if binding is None:
+            raise NotFound(f"checkpoint {model} not found", field="model")
+        checkpoint, snapshot = binding["checkpoint"], binding["snapshot"]
+        route = route_resolve(name=binding["route"])
+    else:
+        route = route_resolve(name=model)
+    if route is None or not route.inference_enabled:
+        raise NotFound(f"no model route {model!r}", field="model")
+    session = f"session-{uuid.uuid4().hex[:16]}"
+    cred, secret = model_credential_issue(
+        org=org, run_id="interactive", trial_id=session, route=route.name, snapshot=snapshot, ttl=ttl
+    )
+    return {
+        "credential": secret,
+        "route": route.name,
+        "checkpoint": checkpoint,
+        "family": route.family,
+        "base_url": settings.SYNTH_PROXY_PUBLIC_URL or settings.SYNTH_PUBLIC_URL,
+        "session": session,
+        "expires_at": cred.expires_at,
+    }

@@ -26,26 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from django.conf import settings
+
 from apps.proxy.errors import Overloaded, RateLimited
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    return int(raw) if raw else default
-
-
-CPU_WORKERS = _env_int("SYNTH_PROXY_CPU_WORKERS", os.cpu_count() or 2)
-GENERATION_CONCURRENCY = _env_int("SYNTH_PROXY_GENERATION_CONCURRENCY", 32)
-GENERATION_QUEUE = _env_int("SYNTH_PROXY_GENERATION_QUEUE", 256)
-COUNT_CONCURRENCY = _env_int("SYNTH_PROXY_COUNT_CONCURRENCY", max(2, CPU_WORKERS * 2))
-COUNT_QUEUE = _env_int("SYNTH_PROXY_COUNT_QUEUE", 256)
-PER_CALLER_CONCURRENCY = _env_int("SYNTH_PROXY_PER_CALLER_CONCURRENCY", 16)
 
 _executor: ThreadPoolExecutor | None = None
 
@@ -53,7 +41,7 @@ _executor: ThreadPoolExecutor | None = None
 def executor() -> ThreadPoolExecutor:
     global _executor
     if _executor is None:
-        _executor = ThreadPoolExecutor(max_workers=CPU_WORKERS, thread_name_prefix="proxy-cpu")
+        _executor = ThreadPoolExecutor(max_workers=settings.SYNTH_PROXY_CPU_WORKERS, thread_name_prefix="proxy-cpu")
     return _executor
 
 
@@ -164,15 +152,16 @@ class Ticket:
         adm._wake_next()
 
 
+# Built when the module is first imported, from the settings of that moment (SYNTH_PROXY_*).
 generation = Admission(
     name="generation",
-    limit=GENERATION_CONCURRENCY,
-    max_waiting=GENERATION_QUEUE,
-    per_caller=PER_CALLER_CONCURRENCY,
+    limit=settings.SYNTH_PROXY_GENERATION_CONCURRENCY,
+    max_waiting=settings.SYNTH_PROXY_GENERATION_QUEUE,
+    per_caller=settings.SYNTH_PROXY_PER_CALLER_CONCURRENCY,
 )
 counting = Admission(
     name="count_tokens",
-    limit=COUNT_CONCURRENCY,
-    max_waiting=COUNT_QUEUE,
-    per_caller=max(PER_CALLER_CONCURRENCY, COUNT_CONCURRENCY),
+    limit=settings.SYNTH_PROXY_COUNT_CONCURRENCY,
+    max_waiting=settings.SYNTH_PROXY_COUNT_QUEUE,
+    per_caller=max(settings.SYNTH_PROXY_PER_CALLER_CONCURRENCY, settings.SYNTH_PROXY_COUNT_CONCURRENCY),
 )

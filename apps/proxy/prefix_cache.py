@@ -37,13 +37,17 @@ used from the worker pool.
 
 from __future__ import annotations
 
-import os
 import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+
+if TYPE_CHECKING:
+    from apps.proxy.adapters.template_base import TemplateAdapter
 
 # Per family: the text that opens an assistant turn, the special token that ends a turn,
 # and the separator the template writes after it (the next turn then starts with a
@@ -53,9 +57,6 @@ TURN_MARKERS: dict[str, tuple[str, str, str]] = {
     "qwen3": ("<|im_start|>assistant", "<|im_end|>", "\n"),
     "qwen2.5": ("<|im_start|>assistant", "<|im_end|>", "\n"),
 }
-
-MAX_ENTRIES = int(os.environ.get("SYNTH_PROXY_PREFIX_CACHE_ENTRIES") or 512)
-MAX_BYTES = int(os.environ.get("SYNTH_PROXY_PREFIX_CACHE_BYTES") or 256 * 1024 * 1024)
 
 CacheKey = tuple[str, ...]
 
@@ -92,9 +93,10 @@ def assistant_boundary(text: str, *, assistant_open: str, turn_end: str, separat
 
 
 class PrefixCache:
-    def __init__(self, *, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES) -> None:
-        self.max_entries = max_entries
-        self.max_bytes = max_bytes
+    def __init__(self, *, max_entries: int | None = None, max_bytes: int | None = None) -> None:
+        # Unset bounds come from SYNTH_PROXY_PREFIX_CACHE_ENTRIES / _BYTES.
+        self.max_entries = settings.SYNTH_PROXY_PREFIX_CACHE_ENTRIES if max_entries is None else max_entries
+        self.max_bytes = settings.SYNTH_PROXY_PREFIX_CACHE_BYTES if max_bytes is None else max_bytes
         self._entries: OrderedDict[CacheKey, _Entry] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -185,20 +187,19 @@ class PrefixCache:
                 self._bytes -= evicted.size
 
 
-def chatml_tokenize(*, adapter: Any, text: str) -> list[int]:
+def chatml_tokenize(*, adapter: TemplateAdapter, text: str) -> list[int]:
     """Tokenize a ChatML (Qwen) suffix exactly as the Qwen adapter tokenizes its chunks.
 
     The adapter splits its prompt into chunks that each start at "<|im_start|>" and
     tokenizes them separately (exact, since that is a special token), except that an
     assistant turn found in its sampled-turn memo (a turn the model sampled with ids that
-    a re-tokenization would not reproduce) is spliced in as the sampled ids. This does the
-    same on the suffix, through the adapter's public `memo` and `encode`, so a cache hit
-    yields the adapter's own ids.
+    a re-tokenization would not reproduce) is spliced in as the ids the memo holds for the
+    whole turn. This does the same on the suffix, through the adapter's `memo` and
+    `encode`, so a cache hit yields the adapter's own ids.
     """
     opener = "<|im_start|>"
     header = "<|im_start|>assistant\n"
     closer = "<|im_end|>\n"
-    memo = getattr(adapter, "memo", None)
     pieces: list[str] = []
     start = 0
     while True:
@@ -212,10 +213,10 @@ def chatml_tokenize(*, adapter: Any, text: str) -> list[int]:
     for piece in pieces:
         if not piece:
             continue
-        if memo is not None and piece.startswith(header) and piece.endswith(closer):
-            sampled = memo.get(piece)
-            if sampled is not None:
-                ids += adapter.encode(header) + list(sampled) + adapter.encode(closer)
+        if piece.startswith(header) and piece.endswith(closer):
+            turn_ids = adapter.memo.get(piece)
+            if turn_ids is not None:
+                ids += turn_ids
                 continue
         ids += adapter.encode(piece)
     return ids

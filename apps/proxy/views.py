@@ -4,7 +4,8 @@
     POST /v1/messages/count_tokens  {"input_tokens": N}, exact, with the model's tokenizer
     GET  /v1/models[/<id>]          the routes this caller may use
 
-Thin: read HTTP, call services, write HTTP/SSE. Every failure is an Anthropic-shaped error
+Thin: read HTTP, run the call pipeline (calls.py), write HTTP/SSE; what became of an
+answer is recorded by delivery.py. Every failure is an Anthropic-shaped error
 (apps.proxy.errors); an unexpected exception is logged and answered 500 api_error rather
 than Django's HTML page. Refusals (auth, validation, prompt too long, admission) happen
 before the stream starts, so they are HTTP statuses Claude Code acts on (it compacts on a
@@ -15,24 +16,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
-from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.db import OperationalError as DatabaseOperationalError
-from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.http.request import RawPostDataException
 from django.views.decorators.csrf import csrf_exempt
 
 from apps.core.ids import new_id
 from apps.core.inputs import InputProblem, json_loads_strict
-from apps.proxy import capture, pool, schema, services, streaming
+from apps.proxy import calls, pool, schema, streaming
 from apps.proxy.credentials import Caller, caller_authenticate, secret_from_headers
+from apps.proxy.db import db_phase
+from apps.proxy.delivery import CallDelivery
 from apps.proxy.errors import (
     ApiError,
     InvalidRequest,
@@ -43,54 +44,12 @@ from apps.proxy.errors import (
     error_response,
     new_request_id,
 )
-from apps.proxy.models import Delivery
+from apps.proxy.routes import routes_for_caller
 
 logger = logging.getLogger(__name__)
 
 
-def _db(fn: Any) -> Any:
-    """`fn` (a short database phase) off the event loop, its connection given back at once.
-
-    A call spends most of its life sampling and streaming; holding a PostgreSQL connection
-    for all of it made 200 concurrent streams exhaust the server's connections. Each phase
-    (authenticate, resolve, stage, settle) now opens and closes its own, so connections
-    scale with phases in flight, not with streams open.
-    """
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            if not connection.in_atomic_block:
-                connection.close()
-
-    blocking = sync_to_async(run)
-
-    async def call(*args: Any, **kwargs: Any) -> Any:
-        # Bounded: a burst of calls waits its turn instead of exceeding the database's
-        # connection limit (which would fail calls rather than slow them).
-        async with _db_slots():
-            return await blocking(*args, **kwargs)
-
-    return call
-
-
-_DB_SLOTS = int(os.environ.get("SYNTH_PROXY_DB_SLOTS", "32"))
-_db_semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
-
-
-def _db_slots() -> asyncio.Semaphore:
-    """One semaphore per event loop (a semaphore must not cross loops: tests run several)."""
-    loop = asyncio.get_running_loop()
-    semaphore = _db_semaphores.get(loop)
-    if semaphore is None:
-        semaphore = _db_semaphores[loop] = asyncio.Semaphore(_DB_SLOTS)
-    return semaphore
-
-
 MAX_BODY_BYTES = 32 * 1024 * 1024  # Anthropic's limit for Messages and count_tokens
-# Seconds between pings while the sampler works (Claude Code aborts a stream idle 300 s).
-PING_SECONDS = float(os.environ.get("SYNTH_PROXY_PING_SECONDS") or 10)
 
 
 class MethodNotAllowed(InvalidRequest):
@@ -152,7 +111,7 @@ def _decode_json(body: bytes) -> Any:
 
 
 async def _authenticate(request: HttpRequest) -> Caller:
-    return await _db(caller_authenticate)(secret=secret_from_headers(request.headers))
+    return await db_phase(caller_authenticate)(secret=secret_from_headers(request.headers))
 
 
 async def _parsed(request: HttpRequest, parse: Any) -> dict[str, Any]:
@@ -169,25 +128,14 @@ class _CapturedResponse(JsonResponse):
     """A JSON message whose delivery is recorded when the server has sent it: the ASGI
     handler calls close() after the last byte (not when a client went away first)."""
 
-    interaction_id: str | None = None
+    delivery: CallDelivery | None = None
 
     def close(self) -> None:
         # Settle first: super().close() fires request_finished, which may close the
         # thread's database connection.
-        if self.interaction_id:
-            interaction_id, self.interaction_id = self.interaction_id, None
-            capture.interaction_settle(interaction_id=interaction_id, delivery=Delivery.DELIVERED)
+        if self.delivery is not None:
+            self.delivery.delivered_sync()
         super().close()
-
-
-async def _stage_unfinished(prepared: services.Prepared, *, delivery: str, error: str) -> None:
-    """Record a call that produced no delivered answer (failed or abandoned)."""
-    try:
-        rec = services.capture_record(prepared=prepared, completion=None, error=error)
-        interaction = await _db(capture.interaction_stage)(rec=rec)
-        await _db(capture.interaction_settle)(interaction_id=interaction.id, delivery=delivery, error=error)
-    except Exception:  # noqa: BLE001 - never turn a recording failure into a second error
-        logger.exception("could not record an unfinished call %s", prepared.ctx.request_id)
 
 
 @csrf_exempt
@@ -200,11 +148,11 @@ async def messages_view(request: HttpRequest) -> HttpResponse:
             raise MethodNotAllowed(f"{request.method} is not allowed; use POST")
         caller = await _authenticate(request)
         body = await _parsed(request, schema.messages_request_parse)
-        ctx = await _db(services.call_context_build)(
+        ctx = await db_phase(calls.call_context_build)(
             caller=caller, model=body["model"], headers=request.headers, request_id=request_id
         )
         ticket = pool.generation.reserve(caller=caller.key)
-        prepared = await services.message_prepare(ctx=ctx, request=body)
+        prepared = await calls.message_prepare(ctx=ctx, request=body)
     except BaseException as exc:  # noqa: BLE001 - every failure answers in Anthropic's shape
         if ticket is not None:
             ticket.release()
@@ -214,7 +162,7 @@ async def messages_view(request: HttpRequest) -> HttpResponse:
     message_id = new_id("msg")
     if prepared.max_tokens == 0:  # cache pre-warm: nothing to sample
         ticket.release()
-        body_zero = services.message_body(message_id=message_id, prepared=prepared, completion=None)
+        body_zero = calls.message_body(message_id=message_id, prepared=prepared, completion=None)
         if not body["stream"]:
             return _json(body_zero, request_id=request_id)
         return _sse_response(_zero_stream(body_zero), request_id=request_id)
@@ -224,25 +172,29 @@ async def messages_view(request: HttpRequest) -> HttpResponse:
         # of its code, not even `finally`: give the admission slot back when it is dropped.
         weakref.finalize(events, ticket.release)
         return _sse_response(events, request_id=request_id)
+    delivery = CallDelivery(prepared=prepared)
     try:
-        completion = await services.message_sample(prepared=prepared, ticket=ticket)
+        completion = await calls.message_sample(prepared=prepared, ticket=ticket)
     except asyncio.CancelledError:
-        await _stage_unfinished(prepared, delivery=Delivery.CLIENT_DISCONNECTED, error="client disconnected")
+        await delivery.abandon()
         raise
     except Exception as exc:  # noqa: BLE001
-        await _stage_unfinished(prepared, delivery=Delivery.FAILED, error=str(exc) or type(exc).__name__)
+        await delivery.fail(error=str(exc) or type(exc).__name__)
         return _reject(exc, request_id)
     finally:
         ticket.release()
-    total_ms = (time.perf_counter() - started) * 1000
-    rec = services.capture_record(prepared=prepared, completion=completion, total_ms=total_ms)
-    interaction = await _db(capture.interaction_stage)(rec=rec)  # staged before the JSON goes out
+    try:
+        # Staged before the JSON goes out.
+        await delivery.stage(completion=completion, total_ms=(time.perf_counter() - started) * 1000)
+    except asyncio.CancelledError:
+        await delivery.abandon()
+        raise
     response = _CapturedResponse(
-        services.message_body(message_id=message_id, prepared=prepared, completion=completion),
+        calls.message_body(message_id=message_id, prepared=prepared, completion=completion),
         json_dumps_params={"ensure_ascii": False},
     )
     response["request-id"] = request_id
-    response.interaction_id = interaction.id
+    response.delivery = delivery
     return response
 
 
@@ -261,25 +213,24 @@ async def _zero_stream(body: dict[str, Any]) -> AsyncIterator[bytes]:
 
 
 async def _event_stream(
-    prepared: services.Prepared, ticket: pool.Ticket, message_id: str, started: float
+    prepared: calls.Prepared, ticket: pool.Ticket, message_id: str, started: float
 ) -> AsyncIterator[bytes]:
     """message_start at once, pings while waiting for a slot and the sampler, then the
     parsed blocks; the interaction is staged before the first content event (so before
     message_stop) and settled after message_stop went out or when the client left."""
     input_tokens = len(prepared.fitted.rendered.token_ids)
-    interaction_id: str | None = None
-    outcome: tuple[str, str] | None = None  # (delivery, error) once known
-    task: asyncio.Task[services.Completion] | None = None
-    staging: asyncio.Future[Any] | None = None
+    delivery: CallDelivery | None = None
+    task: asyncio.Task[calls.Completion] | None = None
     try:
         yield streaming.message_start(
             message_id=message_id,
             model=prepared.ctx.model_requested,
-            usage=services.usage(input_tokens=input_tokens, output_tokens=0),
+            usage=calls.usage(input_tokens=input_tokens, output_tokens=0),
         )
-        task = asyncio.ensure_future(services.message_sample(prepared=prepared, ticket=ticket))
+        delivery = CallDelivery(prepared=prepared)
+        task = asyncio.ensure_future(calls.message_sample(prepared=prepared, ticket=ticket))
         while True:
-            done, _ = await asyncio.wait({task}, timeout=PING_SECONDS)
+            done, _ = await asyncio.wait({task}, timeout=settings.SYNTH_PROXY_PING_SECONDS)
             if done:
                 break
             yield streaming.ping()
@@ -289,52 +240,34 @@ async def _event_stream(
             if not isinstance(exc, ProxyError):
                 logger.exception("sampling failed for %s", prepared.ctx.request_id)
                 exc = ApiError("Internal server error")
-            outcome = (Delivery.FAILED, exc.message)
-            await _stage_unfinished(prepared, delivery=Delivery.FAILED, error=exc.message)
+            await delivery.fail(error=exc.message)
             yield streaming.error_event(error_type=exc.error_type, message=exc.message)
             return
-        rec = services.capture_record(
-            prepared=prepared, completion=completion, total_ms=(time.perf_counter() - started) * 1000
-        )
-        # Shielded: a disconnect during the write must not leave a row we do not know of.
-        staging = asyncio.ensure_future(_db(capture.interaction_stage)(rec=rec))
         try:
-            interaction_id = (await asyncio.shield(staging)).id
+            await delivery.stage(completion=completion, total_ms=(time.perf_counter() - started) * 1000)
         except Exception:  # noqa: BLE001
             # No evidence, no answer: a response is only completed once it is staged.
             logger.exception("could not stage the interaction of %s", prepared.ctx.request_id)
-            outcome = (Delivery.FAILED, "staging failed")
             yield streaming.error_event(error_type="api_error", message="Internal server error")
             return
         for index, block in enumerate(completion.blocks):
             for event in streaming.block_events(index=index, block=block):
                 yield event
-        end_usage = services.usage(input_tokens=input_tokens, output_tokens=completion.delivered_ids)
+        end_usage = calls.usage(input_tokens=input_tokens, output_tokens=completion.delivered_ids)
         for event in streaming.message_end(
             stop_reason=completion.stop_reason, stop_sequence=completion.stop_sequence, usage=end_usage
         ):
             yield event
         # Resumed only once the server has sent message_stop: the response is delivered.
-        outcome = (Delivery.DELIVERED, "")
-        await _db(capture.interaction_settle)(interaction_id=interaction_id, delivery=Delivery.DELIVERED)
+        await delivery.delivered()
     finally:
-        # Reached with no outcome when the client went away (cancellation or the
-        # generator being closed at a yield).
+        # Reached before the delivery is final when the client went away (cancellation or
+        # the generator being closed at a yield).
         if task is not None and not task.done():
             task.cancel()
         ticket.release()
-        if outcome is None:
-            if interaction_id is None and staging is not None:
-                try:
-                    interaction_id = (await staging).id
-                except Exception:  # noqa: BLE001 - the write failed: record the call below
-                    staging = None
-            if interaction_id is not None:
-                await _db(capture.interaction_settle)(
-                    interaction_id=interaction_id, delivery=Delivery.CLIENT_DISCONNECTED, error="client disconnected"
-                )
-            elif task is not None and staging is None:
-                await _stage_unfinished(prepared, delivery=Delivery.CLIENT_DISCONNECTED, error="client disconnected")
+        if delivery is not None:
+            await delivery.abandon()
 
 
 # POST /v1/messages/count_tokens
@@ -349,11 +282,11 @@ async def count_tokens_view(request: HttpRequest) -> HttpResponse:
             raise MethodNotAllowed(f"{request.method} is not allowed; use POST")
         caller = await _authenticate(request)
         body = await _parsed(request, schema.count_tokens_request_parse)
-        ctx = await _db(services.call_context_build)(
+        ctx = await db_phase(calls.call_context_build)(
             caller=caller, model=body["model"], headers=request.headers, request_id=request_id
         )
         async with pool.counting.reserve(caller=caller.key):
-            count = await services.tokens_count(ctx=ctx, request=body)
+            count = await calls.tokens_count(ctx=ctx, request=body)
     except Exception as exc:  # noqa: BLE001
         return _reject(exc, request_id)
     return _json({"input_tokens": count}, request_id=request_id)
@@ -379,7 +312,7 @@ async def models_view(request: HttpRequest) -> HttpResponse:
         if request.method != "GET":
             raise MethodNotAllowed(f"{request.method} is not allowed; use GET")
         caller = await _authenticate(request)
-        routes = await _db(services.routes_for_caller)(caller=caller)
+        routes = await db_phase(routes_for_caller)(caller=caller)
     except Exception as exc:  # noqa: BLE001
         return _reject(exc, request_id)
     data = [_model_dict(r) for r in routes]
@@ -401,7 +334,7 @@ async def model_detail_view(request: HttpRequest, model_id: str) -> HttpResponse
         if request.method != "GET":
             raise MethodNotAllowed(f"{request.method} is not allowed; use GET")
         caller = await _authenticate(request)
-        routes = await _db(services.routes_for_caller)(caller=caller)
+        routes = await db_phase(routes_for_caller)(caller=caller)
         route = next((r for r in routes if r.name == model_id), None)
         if route is None:
             raise NotFound(f"model: {model_id}")

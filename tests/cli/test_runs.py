@@ -67,7 +67,7 @@ def test_start_is_idempotent_and_runs_can_be_shown_listed_and_cancelled(synth, d
 
 def test_start_with_a_published_profile_and_train(synth, dataset, recipe_file):
     from apps.proxy.models import ModelRoute
-    from apps.proxy.services import DEFAULT_ROUTE, route_upsert
+    from apps.proxy.routes import DEFAULT_ROUTE, route_upsert
 
     assert synth("profile", "publish", f"@{recipe_file}", "--name", "coder").exit_code == 0
     run = synth.json("run", "start", "--dataset", dataset, "--actor", "coder", "--plan", PLAN)

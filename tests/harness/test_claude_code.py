@@ -23,7 +23,7 @@ from apps.datasets.services import dataset_import_dir
 from apps.objects.services import object_read
 from apps.profiles.services import profile_publish
 from apps.proxy.models import Delivery, Integrity, Interaction
-from apps.proxy.services import route_upsert
+from apps.proxy.routes import route_upsert
 from apps.runs.models import Artifact, Run, Trial
 from tests.harness import script
 from tests.harness.conftest import proxy_start

@@ -11,7 +11,7 @@ import pytest
 from apps.accounts.models import ModelCredential
 from apps.datasets.services import dataset_import_dir
 from apps.proxy.models import Eligibility, Interaction
-from apps.proxy.services import DEFAULT_ROUTE, route_upsert
+from apps.proxy.routes import DEFAULT_ROUTE, route_upsert
 from apps.runs.models import Artifact, Trial
 from tests.harness.conftest import proxy_start
 from tests.trials.conftest import EXAMPLES

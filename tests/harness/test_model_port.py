@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 
 from apps.accounts.services import model_credential_issue
-from apps.proxy.services import route_upsert
+from apps.proxy.routes import route_upsert
 from tests.harness.conftest import proxy_start
 from tests.sandbox.helpers import requires_root, requires_sandbox, started_sandbox
 

@@ -23,7 +23,7 @@ from apps.accounts.services import model_credential_issue
 from apps.proxy import capture
 from apps.proxy.models import ModelRoute
 from apps.proxy.prefix_cache import cache as prefix_cache
-from apps.proxy.services import route_upsert
+from apps.proxy.routes import route_upsert
 
 # Built once per machine (idempotent; ~seconds) and shared by test sessions.
 TOKENIZER_DIR = Path("/tmp/synth-test-tokenizers")

@@ -17,7 +17,7 @@ from django.test import AsyncRequestFactory
 
 from apps.objects.models import StoredObject
 from apps.objects.services import object_read
-from apps.proxy import capture, services, views
+from apps.proxy import calls, capture, views
 from apps.proxy.adapters.registry import adapter_for
 from apps.proxy.models import Delivery, Eligibility, Integrity, Interaction, ModelRoute
 from apps.proxy.samplers.base import Sampler, SampleRequest, SampleResult
@@ -149,7 +149,7 @@ def test_fitting_is_recorded_and_the_effective_prompt_captured(alice):
     assert interaction.principal_kind == "operator" and interaction.eligibility == Eligibility.INELIGIBLE
 
 
-def test_client_disconnect_during_sampling(alice, qwen3_tokenizer, monkeypatch, published):
+def test_client_disconnect_during_sampling(alice, qwen3_tokenizer, monkeypatch, published, settings):
     class Slow(Sampler):
         async def sample(self, request: SampleRequest) -> SampleResult:
             await asyncio.sleep(30)
@@ -158,8 +158,8 @@ def test_client_disconnect_during_sampling(alice, qwen3_tokenizer, monkeypatch, 
     async def slow(*, route, snapshot):
         return Slow()
 
-    monkeypatch.setattr(services, "sampler_get", slow)
-    monkeypatch.setattr(views, "PING_SECONDS", 0.02)
+    monkeypatch.setattr(calls, "sampler_get", slow)
+    settings.SYNTH_PROXY_PING_SECONDS = 0.02
     make_route()
     secret = issue(alice.org, "qwen3-test")
 
@@ -189,7 +189,7 @@ def test_sampler_failure_is_recorded_as_failed(alice, monkeypatch):
     async def broken(*, route, snapshot):
         return Broken()
 
-    monkeypatch.setattr(services, "sampler_get", broken)
+    monkeypatch.setattr(calls, "sampler_get", broken)
     make_route()
     r = call("/v1/messages", secret=issue(alice.org, "qwen3-test"), body=body())
     assert r.status == 500 and r.json()["error"]["type"] == "api_error"

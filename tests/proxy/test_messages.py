@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from apps.proxy import services, views
+from apps.proxy import calls
 from apps.proxy.samplers.base import Sampler, SampleRequest, SampleResult
 from tests.conftest import make_member
 from tests.proxy.conftest import assert_error, call, encode, make_route, scripted
@@ -18,7 +18,7 @@ TOOL_CALL = (
     '<tool_call>\n{"name": "Bash", "arguments": {"command": "ls -la", "description": "list"}}\n</tool_call><|im_end|>'
 )
 
-# What Claude Code sends (claude-code-observed.md), trimmed: every field must be accepted.
+# What Claude Code sends (as observed on the wire), trimmed: every field must be accepted.
 CLAUDE_CODE_BODY = {
     "model": "claude-sonnet-4-5-20250929",
     "max_tokens": 32000,
@@ -188,7 +188,7 @@ def test_stream_thinking_block_and_long_text_chunks(alice, qwen3_tokenizer):
     assert len(text_parts) > 1 and "".join(text_parts) == long_text
 
 
-def test_pings_while_the_sampler_works(alice, qwen3_tokenizer, monkeypatch):
+def test_pings_while_the_sampler_works(alice, qwen3_tokenizer, monkeypatch, settings):
     class SlowSampler(Sampler):
         async def sample(self, request: SampleRequest) -> SampleResult:
             await asyncio.sleep(0.35)
@@ -198,8 +198,8 @@ def test_pings_while_the_sampler_works(alice, qwen3_tokenizer, monkeypatch):
     async def slow(*, route, snapshot):
         return SlowSampler()
 
-    monkeypatch.setattr(services, "sampler_get", slow)
-    monkeypatch.setattr(views, "PING_SECONDS", 0.05)
+    monkeypatch.setattr(calls, "sampler_get", slow)
+    settings.SYNTH_PROXY_PING_SECONDS = 0.05
     make_route()
     r = call(
         "/v1/messages",
@@ -267,7 +267,7 @@ def test_max_tokens_is_clamped_to_the_route_and_zero_samples_nothing(alice, qwen
     async def recording(*, route, snapshot):
         return Recording()
 
-    monkeypatch.setattr(services, "sampler_get", recording)
+    monkeypatch.setattr(calls, "sampler_get", recording)
     make_route(max_output=256)
     body = {"model": "qwen3-test", "max_tokens": 32000, "messages": [{"role": "user", "content": "x"}]}
     assert call("/v1/messages", secret=alice.secret, body=body).status == 200
@@ -314,7 +314,7 @@ def test_sampler_failure_after_200_is_an_error_event(alice, monkeypatch):
     async def down(*, route, snapshot):
         return Down()
 
-    monkeypatch.setattr(services, "sampler_get", down)
+    monkeypatch.setattr(calls, "sampler_get", down)
     make_route()
     body = {"model": "qwen3-test", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}
     assert_error(call("/v1/messages", secret=alice.secret, body=body), 529, "overloaded_error")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from apps.proxy import services
+from apps.proxy import calls
 from apps.proxy.adapters.qwen import Qwen3Adapter
 from apps.proxy.prefix_cache import PrefixCache, assistant_boundary, chatml_tokenize
 from apps.proxy.prefix_cache import cache as global_cache
@@ -64,11 +64,11 @@ def request(messages: list[dict], **extra) -> dict:
 
 
 def cached_render(adapter, req, cache_key=KEY):
-    return services.render_with_cache(adapter=adapter, family="qwen3", request=req, key=cache_key)
+    return calls.render_with_cache(adapter=adapter, family="qwen3", request=req, key=cache_key)
 
 
 def remember(adapter, rendered, cache_key=KEY):
-    turn_end_id, sep = services._turn_end_ids(adapter, "qwen3")
+    turn_end_id, sep = calls._turn_end_ids(adapter, "qwen3")
     global_cache.remember(
         key=cache_key,
         family="qwen3",
@@ -167,7 +167,7 @@ def test_boundary_is_the_last_completed_assistant_turn():
 
 def test_bounded_lru(adapter):
     small = PrefixCache(max_entries=2, max_bytes=10**9)
-    turn_end_id, sep = services._turn_end_ids(adapter, "qwen3")
+    turn_end_id, sep = calls._turn_end_ids(adapter, "qwen3")
     rendered = adapter.render(request=request(conversation(2)))
     for i in range(5):
         small.remember(
@@ -207,6 +207,6 @@ def test_chatml_tokenize_matches_plain_encoding_without_splices(adapter):
     assert json.dumps(chatml_tokenize(adapter=adapter, text="")) == "[]"
 
 
-def test_template_text_is_the_rendered_text(adapter):
+def test_render_text_is_the_rendered_text(adapter):
     req = request(conversation(3), thinking={"type": "disabled"})
-    assert services.template_text(adapter=adapter, request=req) == adapter.render(request=req).text
+    assert adapter.render_text(request=req) == adapter.render(request=req).text

@@ -15,7 +15,7 @@ from django.urls import reverse
 from apps.core.errors import ValidationFailed
 from apps.proxy.adapters.registry import ADAPTERS
 from apps.proxy.models import ModelRoute
-from apps.proxy.services import route_upsert
+from apps.proxy.routes import route_upsert
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = {

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from apps.proxy.adapters.qwen import to_chat_messages
+from apps.proxy.adapters.messages import to_chat_messages
 from apps.proxy.chat_templates import load_template, render_template
 
 # --- Anthropic requests --------------------------------------------------------------------

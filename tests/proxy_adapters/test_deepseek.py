@@ -114,7 +114,7 @@ def test_generation_prompt_is_current_r1_revision(adapter: DeepSeekAdapter, toke
         rendered.text
         == f"{BOS}You are a careful assistant.\nAnswer briefly.<｜User｜>Hello, world!<｜Assistant｜><think>\n"
     )
-    # Literal ids (shared/research/tokenizers.md): <｜Assistant｜>=128804, <think>=128798, "\n"=201.
+    # Literal ids: <｜Assistant｜>=128804, <think>=128798, "\n"=201.
     assert rendered.token_ids[-3:] == [128804, 128798, 201]
     assert rendered.token_ids[0] == 0
 

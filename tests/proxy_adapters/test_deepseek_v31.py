@@ -146,7 +146,7 @@ def test_generation_prompts_and_history(adapter: DeepSeekV31Adapter) -> None:
         f"{BOS}You are helpful.<｜User｜>What is 2+2?<｜Assistant｜></think>4.{EOS}"
         f"<｜User｜>And 3+3?<｜Assistant｜></think>6.{EOS}<｜User｜>Thanks!<｜Assistant｜></think>"
     )
-    # Literal ids (shared/research/tokenizers.md): <｜Assistant｜>=128804, <think>=128798, </think>=128799.
+    # Literal ids: <｜Assistant｜>=128804, <think>=128798, </think>=128799.
     assert off.token_ids[-2:] == [128804, 128799] and off.token_ids[0] == 0
     assert adapter.render(request=with_thinking(request, OFF)).token_ids == off.token_ids
     on = adapter.render(request=with_thinking(request, ON))

@@ -113,7 +113,7 @@ def test_format_details(adapter: GlmAdapter, tokenizer: Any) -> None:
         "[gMASK]<sop><|system|>\nYou are a careful assistant.\nAnswer briefly.<|user|>\n"
         "Hello, world!/nothink<|assistant|>\n<think></think>"
     )
-    # Literal ids (shared/research/tokenizers.md): [gMASK] 151331, <sop> 151333, <|system|> 151335,
+    # Literal ids: [gMASK] 151331, <sop> 151333, <|system|> 151335,
     # /nothink 151360, <|assistant|> 151337, <think> 151350, </think> 151351.
     assert rendered.token_ids[:3] == [151331, 151333, 151335]
     assert rendered.token_ids[-5:] == [151360, 151337, 198, 151350, 151351]

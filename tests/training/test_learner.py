@@ -7,7 +7,7 @@ import pytest
 from django.db import transaction
 
 from apps.proxy.models import ModelRoute
-from apps.proxy.services import DEFAULT_ROUTE, route_upsert
+from apps.proxy.routes import DEFAULT_ROUTE, route_upsert
 from apps.runs.execution import _trial_settle
 from apps.runs.models import Run, RunStatus, SamplingGroup, Trial
 from apps.runs.services import run_cancel

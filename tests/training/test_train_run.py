@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 
 from apps.datasets.services import dataset_import_dir
 from apps.proxy.models import Interaction
-from apps.proxy.services import DEFAULT_ROUTE, route_upsert
+from apps.proxy.routes import DEFAULT_ROUTE, route_upsert
 from apps.runs.models import Run, SamplingGroup
 from apps.training.models import Checkpoint, LearningUpdate, Trainer, TrainerStatus, UpdateStatus
 from tests.cli.conftest import one_line

@@ -18,7 +18,7 @@ from apps.accounts.models import ModelCredential
 from apps.objects.services import object_read
 from apps.proxy.credentials import caller_authenticate
 from apps.proxy.errors import AuthenticationFailed
-from apps.proxy.services import route_upsert
+from apps.proxy.routes import route_upsert
 from apps.runs import tasks as run_tasks
 from apps.runs.execution import run_dispatch
 from apps.runs.models import Trial

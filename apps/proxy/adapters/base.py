@@ -2,9 +2,10 @@
 
 An adapter renders an Anthropic-shaped request (system, messages, tools, thinking) into
 the family's official chat template and token ids, and parses sampled token ids back
-into Anthropic content blocks. One module per family (qwen.py, deepseek.py, kimi.py,
-glm.py) implements it. Adapters are pure: no Django, no I/O beyond the tokenizer files
-they are given, so they can run in a worker pool off the event loop.
+into Anthropic content blocks. One module per family (qwen.py, deepseek.py, deepseek_v31.py,
+kimi.py, glm.py) implements it on template_base.TemplateAdapter. Adapters are pure: no
+Django, no I/O beyond the tokenizer files they are given, so they can run in a worker pool
+off the event loop.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class ParsedOutput:
 
 
 class ChatAdapter(ABC):
-    """One model family's chat format. Subclasses set `family` and implement the four methods."""
+    """One model family's chat format. Subclasses set `family` and implement the abstract methods."""
 
     family: str = ""
 
@@ -54,6 +55,11 @@ class ChatAdapter(ABC):
     def render(self, *, request: dict[str, Any]) -> RenderedPrompt:
         """Render an Anthropic Messages request (dict with system, messages, tools,
         thinking, tool_choice ...) as the prompt for the next assistant turn."""
+
+    @abstractmethod
+    def render_text(self, *, request: dict[str, Any]) -> str:
+        """The text `render` gives for `request`, without tokenizing it (the prefix cache
+        compares texts before it decides what to tokenize)."""
 
     @abstractmethod
     def stop_token_ids(self) -> list[int]:

@@ -76,7 +76,7 @@ import re
 from typing import Any
 
 from apps.proxy.adapters.base import ParsedOutput
-from apps.proxy.adapters.qwen import to_chat_messages
+from apps.proxy.adapters.messages import to_chat_messages
 from apps.proxy.adapters.template_base import (
     Chunk,
     TemplateAdapter,

@@ -71,7 +71,7 @@ from apps.proxy.adapters.deepseek import (
     DeepSeekAdapter,
 )
 from apps.proxy.adapters.deepseek import tools_section as r1_tools_section
-from apps.proxy.adapters.qwen import thinking_enabled, to_chat_messages
+from apps.proxy.adapters.messages import thinking_enabled, to_chat_messages
 from apps.proxy.adapters.template_base import Chunk
 
 NO_THINK_HEADER = ASSISTANT + THINK_CLOSE

@@ -3,8 +3,8 @@
 Template followed: apps/proxy/chat_templates/GLM-4.6.jinja (llama.cpp's copy of the official
 GLM-4.6 template). Its only change from the official file is in the tool-call block
 (`tc.arguments or {}` plus a raise_exception on non-object arguments), which renders the
-same text for the object arguments we always pass; shared/research/tokenizers.md found the
-rest textually identical to the GLM-4.5/4.6 template quoted in a public test file. GLM-4.5
+same text for the object arguments we always pass; the rest is textually identical to the
+GLM-4.5/4.6 template quoted in a public test file. GLM-4.5
 and GLM-4.6 share the tokenizer (same published tokenizer.json hash), and we use this one
 template for both.
 
@@ -51,7 +51,7 @@ import re
 from typing import Any
 
 from apps.proxy.adapters.base import ParsedOutput
-from apps.proxy.adapters.qwen import thinking_enabled, to_chat_messages
+from apps.proxy.adapters.messages import thinking_enabled, to_chat_messages
 from apps.proxy.adapters.template_base import (
     Chunk,
     TemplateAdapter,

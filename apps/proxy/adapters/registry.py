@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import threading
 
-from apps.proxy.adapters.base import ChatAdapter
 from apps.proxy.adapters.deepseek import DeepSeekAdapter
 from apps.proxy.adapters.deepseek_v31 import DeepSeekV31Adapter
 from apps.proxy.adapters.glm import GlmAdapter
 from apps.proxy.adapters.kimi import KimiK2Adapter
 from apps.proxy.adapters.qwen import Qwen3Adapter, Qwen25Adapter
+from apps.proxy.adapters.template_base import TemplateAdapter
 from apps.proxy.tokenizers import tokenizer_load
 
-ADAPTERS: dict[str, type[ChatAdapter]] = {
+ADAPTERS: dict[str, type[TemplateAdapter]] = {
     "qwen3": Qwen3Adapter,
     "qwen2.5": Qwen25Adapter,
     "deepseek-v3": DeepSeekAdapter,
@@ -27,11 +27,11 @@ ADAPTERS: dict[str, type[ChatAdapter]] = {
     "glm-4.6": GlmAdapter,
 }
 
-_adapters: dict[str, ChatAdapter] = {}
+_adapters: dict[str, TemplateAdapter] = {}
 _lock = threading.Lock()
 
 
-def adapter_for(family: str) -> ChatAdapter:
+def adapter_for(family: str) -> TemplateAdapter:
     """The process-wide adapter for `family`, built once with the family's provisioned tokenizer
     (raises TokenizerNotProvisioned, naming the command to run, if it is missing). One instance
     per family also keeps the adapter's caches (tokenized prompt chunks, sampled-turn memo)."""

@@ -1,39 +1,36 @@
-"""Shared machinery of the DeepSeek, Kimi K2 and GLM-4.5/4.6 adapters.
+"""The one adapter framework: every family is a `TemplateAdapter` that supplies its chunks.
 
-Each of those adapters renders its family's official chat template in plain Python as a list
-of *chunks*: strings that each begin at an added (special) token of the tokenizer. A
-`tokenizers` tokenizer splits its input on added tokens before normalizing or pre-tokenizing,
-so no token spans a chunk boundary and the ids of the whole prompt are the concatenation of
-each chunk's ids. That makes two things cheap and exact:
+A family renders its official chat template in plain Python as a list of *chunks*
+(`_chunks(request)`): strings that each begin at an added (special) token of the tokenizer,
+or `Splice`s whose ids are given. This base turns them into the prompt: the text is the
+chunks joined (`render_text`), the ids are each chunk's ids concatenated (`render`), with
+the chunk-ids cache and the sampled-turn memo of render_cache.py making that cheap and exact.
 
-- a per-adapter LRU of chunk ids: Claude Code resends the same ~18K-token system + tools
-  chunk and the whole history on every call, so only the new chunks are tokenized;
-- splicing: when the model sampled an assistant turn whose canonical re-rendering tokenizes
-  differently (non-canonical JSON spacing in tool arguments, an unusual BPE split, ...),
-  `parse` records the sampled ids in a `SampledTurnMemo` (shared design with the Qwen
-  adapter), keyed by the canonical text of the turn's body. When a later request carries the
-  same blocks back, the body's ids come from the memo instead of re-tokenization, so the
-  next prompt contains exactly the ids that were sampled. The memo is per process and
-  bounded; a miss falls back to the canonical rendering (what the official template gives).
+Splicing: when `parse` sees a sampled assistant turn whose canonical re-rendering would
+tokenize differently, it records the sampled ids (`_remember(body, ids)`), keyed by the
+canonical text of the turn's body. When a later request carries the same blocks back,
+`_turn(header, body)` gives the header's ids followed by the sampled ones instead of
+re-tokenizing, so the next prompt contains exactly the ids that were sampled. A family
+whose turn header does not end at an added token (Qwen's "<|im_start|>assistant\\n")
+passes the whole turn as the body and an empty header.
 
-The Anthropic -> template-message mapping is the Qwen adapter's `to_chat_messages`, so all
-families agree on how system blocks, user text blocks, images, tool results (their text as
-sent, is_error or not) and thinking blocks are turned into template input.
+The Anthropic -> template-message mapping is messages.py's `to_chat_messages`, shared by
+every family; the parsing helpers below (tool-call scan, block shapes, deterministic
+tool_use ids) are shared too.
 """
 
 from __future__ import annotations
 
 import hashlib
-import threading
 from abc import abstractmethod
 from array import array
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from apps.proxy.adapters.base import ChatAdapter, ParsedOutput, RenderedPrompt, StopReason
-from apps.proxy.adapters.qwen import SampledTurnMemo, to_chat_messages
+from apps.proxy.adapters.messages import to_chat_messages
+from apps.proxy.adapters.render_cache import ChunkIdsCache, SampledTurnMemo
 
 # Chunks shorter than this are tokenized every time: caching them costs more than it saves.
 CACHE_MIN_CHARS = 512
@@ -50,35 +47,6 @@ class Splice:
 Chunk = str | Splice
 
 
-class _IdsCache:
-    """Bounded (by total ids), thread-safe LRU: chunk text -> its token ids."""
-
-    def __init__(self, max_ids: int = 4_000_000) -> None:
-        self._data: OrderedDict[str, array] = OrderedDict()
-        self._size = 0
-        self._lock = threading.Lock()
-        self.max_ids = max_ids
-
-    def get(self, text: str) -> array | None:
-        with self._lock:
-            ids = self._data.get(text)
-            if ids is not None:
-                self._data.move_to_end(text)
-            return ids
-
-    def put(self, text: str, ids: Sequence[int]) -> None:
-        if len(ids) > self.max_ids // 4:
-            return
-        with self._lock:
-            if text in self._data:
-                return
-            self._data[text] = array("i", ids)
-            self._size += len(ids)
-            while self._size > self.max_ids:
-                _, old = self._data.popitem(last=False)
-                self._size -= len(old)
-
-
 class TemplateAdapter(ChatAdapter):
     """Base of the adapters that render chunked templates (see the module docstring).
 
@@ -90,7 +58,7 @@ class TemplateAdapter(ChatAdapter):
     def __init__(self, *, tokenizer: Any, memo: SampledTurnMemo | None = None) -> None:
         super().__init__(tokenizer=tokenizer)
         self.memo = memo if memo is not None else SampledTurnMemo()
-        self._cache = _IdsCache()
+        self._cache = ChunkIdsCache()
         self._stop_ids = [self.token_id(t) for t in self.stop_tokens]
 
     # --- tokens ------------------------------------------------------------------------------
@@ -112,13 +80,11 @@ class TemplateAdapter(ChatAdapter):
         very beginning of the prompt)."""
 
     def render_text(self, *, request: dict[str, Any]) -> str:
-        return "".join(c.text if isinstance(c, Splice) else c for c in self._chunks(request))
+        return _chunks_text(self._chunks(request))
 
     def render(self, *, request: dict[str, Any]) -> RenderedPrompt:
         chunks = self._chunks(request)
-        return RenderedPrompt(
-            text="".join(c.text if isinstance(c, Splice) else c for c in chunks), token_ids=self._tokenize(chunks)
-        )
+        return RenderedPrompt(text=_chunks_text(chunks), token_ids=self._tokenize(chunks))
 
     def _tokenize(self, chunks: list[Chunk]) -> list[int]:
         known: dict[str, Sequence[int]] = {}
@@ -150,7 +116,7 @@ class TemplateAdapter(ChatAdapter):
         sampled = self.memo.get(body)
         if sampled is None:
             return header + body
-        return Splice(header + body, self.encode(header) + sampled)
+        return Splice(header + body, (self.encode(header) if header else []) + sampled)
 
     def _remember(self, body: str, sampled_ids: list[int]) -> None:
         """Record `sampled_ids` for `body` when re-tokenizing `body` would give other ids."""
@@ -186,6 +152,10 @@ class TemplateAdapter(ChatAdapter):
         self, *, token_ids: list[int], stopped: bool, id_seed: str = "", tools: list[dict[str, Any]] | None = None
     ) -> ParsedOutput:
         """Sampled ids -> Anthropic blocks; never raises on model output."""
+
+
+def _chunks_text(chunks: list[Chunk]) -> str:
+    return "".join(c.text if isinstance(c, Splice) else c for c in chunks)
 
 
 def assistant_message(blocks: list[dict[str, Any]]) -> dict[str, Any]:

@@ -19,10 +19,11 @@ Errors the proxy maps to HTTP statuses live here too (the backends import them):
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from collections import OrderedDict
 from typing import Any
+
+from django.conf import settings
 
 from apps.proxy.samplers.base import Sampler
 
@@ -52,9 +53,9 @@ _ALLOWED_KEYS: dict[str, set[str]] = {
 
 _cache: OrderedDict[tuple[str, Any], Sampler] = OrderedDict()
 # Samplers with a LoRA adapter (one per checkpoint a training run produced) are many and
-# short-lived in use: keep the most recently used few. An evicted sampler is only dropped
-# from the cache, never closed, so a request still holding it finishes normally.
-MAX_ADAPTER_SAMPLERS = int(os.environ.get("SYNTH_PROXY_MAX_ADAPTER_SAMPLERS", "4"))
+# short-lived in use: keep the most recently used few (SYNTH_PROXY_MAX_ADAPTER_SAMPLERS). An
+# evicted sampler is only dropped from the cache, never closed, so a request still holding
+# it finishes normally.
 _key_locks: dict[tuple[str, Any], threading.Lock] = {}
 _cache_lock = threading.Lock()
 
@@ -151,7 +152,7 @@ def sampler_build(*, backend: str, config: dict[str, Any]) -> Sampler:
 
 def _adapters_evict() -> None:
     with_adapter = [k for k in _cache if any(item[0] == "adapter_dir" for item in k[1])]
-    for key in with_adapter[: max(0, len(with_adapter) - MAX_ADAPTER_SAMPLERS)]:
+    for key in with_adapter[: max(0, len(with_adapter) - settings.SYNTH_PROXY_MAX_ADAPTER_SAMPLERS)]:
         del _cache[key]
         _key_locks.pop(key, None)
 

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from apps.core.errors import ServiceError
 from apps.proxy.adapters.registry import ADAPTERS
 from apps.proxy.models import ModelRoute
-from apps.proxy.services import DEFAULT_ROUTE, route_upsert
+from apps.proxy.routes import DEFAULT_ROUTE, route_upsert
 
 ROUTE_FIELDS = list(DEFAULT_ROUTE)
 

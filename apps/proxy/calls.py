@@ -1,4 +1,4 @@
-"""The model call: caller + validated request -> prompt -> sample -> parse -> capture record.
+"""The model call pipeline: caller + validated request -> prompt -> sample -> parse -> capture record.
 
     auth (credentials) -> route (scoped) -> adapter.render (native template, tools,
     thinking) -> tokenize (prefix cache) -> fit to the budget -> sampler.sample (ids +
@@ -6,7 +6,8 @@
 
 CPU work (render, tokenize, fit, parse) runs in the worker pool (pool.run_cpu); the
 sampler is awaited on the event loop (samplers never block it). Views stay thin: they
-read HTTP, call these functions and write HTTP/SSE.
+read HTTP, call these functions and write HTTP/SSE; delivery.py records what became of
+the answer. Route writes are in routes.py, credentials in credentials.py.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import hashlib
 import hmac
 import logging
 import secrets
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +24,9 @@ from typing import Any
 
 from django.conf import settings
 
-from apps.proxy import pool, selectors
+from apps.proxy import pool
 from apps.proxy.adapters.base import ChatAdapter, RenderedPrompt
+from apps.proxy.adapters.template_base import TemplateAdapter
 from apps.proxy.capture import CaptureRecord
 from apps.proxy.credentials import Caller, route_authorize
 from apps.proxy.errors import ApiError, InvalidRequest, Overloaded, ProxyError
@@ -71,7 +72,7 @@ class CallContext:
 class Prepared:
     ctx: CallContext
     request: dict[str, Any]  # the validated request as sent (normalized)
-    adapter: ChatAdapter
+    adapter: TemplateAdapter
     fitted: Fitted
     max_tokens: int
     reused_ids: int
@@ -119,7 +120,7 @@ def call_context_build(*, caller: Caller, model: str, headers: Any, request_id: 
 # ------------------------------------------------------------------------------
 
 
-def adapter_get(*, route: ModelRoute) -> ChatAdapter:
+def adapter_get(*, route: ModelRoute) -> TemplateAdapter:
     """The route's family adapter, loaded once per process (the registry caches it).
 
     A route naming an unknown family or an unprovisioned tokenizer is the operator's
@@ -185,51 +186,17 @@ def _adapter_input(request: dict[str, Any]) -> dict[str, Any]:
     return {k: request[k] for k in ("system", "messages", "tools", "tool_choice", "thinking") if k in request}
 
 
-def template_text(*, adapter: ChatAdapter, request: dict[str, Any]) -> str | None:
-    """The prompt text without tokenizing it, or None if the adapter cannot say.
-
-    The hook is a public `render_text(request=...)` (the template-based adapters have it).
-    The Qwen adapter currently renders text only inside `render`; for it, the same steps
-    `render` takes are replayed without the tokenization (its module's `to_chat_messages`
-    and `thinking_enabled`, then `_render_chunks`). Should that internal shape change,
-    this returns None and the call is tokenized in full: slower, never wrong.
-    """
-    public = getattr(adapter, "render_text", None)
-    if public is not None:
-        return public(request=request)
-    chunks_of = getattr(adapter, "_render_chunks", None)
-    module = sys.modules.get(type(adapter).__module__)
-    to_messages = getattr(module, "to_chat_messages", None)
-    thinking = getattr(module, "thinking_enabled", None)
-    if chunks_of is None or to_messages is None or thinking is None:
-        return None
-    try:
-        messages, tools = to_messages(request)
-        prefill = bool(messages) and messages[-1]["role"] == "assistant"
-        chunks = chunks_of(
-            messages,
-            tools,
-            add_generation_prompt=not prefill,
-            enable_thinking=thinking(request, getattr(adapter, "thinking_when_unspecified", True)),
-        )
-        return "".join(c if isinstance(c, str) else c.text for c in chunks)
-    except Exception:  # noqa: BLE001 - the internal shape changed: render in full instead
-        logger.warning("no text-only rendering for %s; prefix reuse is off", type(adapter).__name__, exc_info=True)
-        return None
-
-
 def render_with_cache(
-    *, adapter: ChatAdapter, family: str, request: dict[str, Any], key: CacheKey | None
+    *, adapter: TemplateAdapter, family: str, request: dict[str, Any], key: CacheKey | None
 ) -> RenderedPrompt:
     """Render; on a prefix-cache hit tokenize only the suffix (ids identical either way).
 
-    Only families with exact reuse (TURN_MARKERS) whose adapter can give the template text
-    without tokenizing take this path; the others render in full. A miss uses the
-    adapter's complete rendering, so its ids are the authority.
+    Only families with exact reuse (TURN_MARKERS) take this path; the others render in
+    full. A miss uses the adapter's complete rendering, so its ids are the authority.
     """
-    text = template_text(adapter=adapter, request=request) if key is not None and family in TURN_MARKERS else None
-    if text is None:
+    if key is None or family not in TURN_MARKERS:
         return adapter.render(request=request)
+    text = adapter.render_text(request=request)
     full: list[RenderedPrompt] = []
 
     def full_ids() -> list[int]:
@@ -259,7 +226,7 @@ def _turn_end_ids(adapter: ChatAdapter, family: str) -> tuple[int | None, list[i
 
 
 def _prepare_sync(
-    *, ctx: CallContext, request: dict[str, Any], adapter: ChatAdapter, max_tokens: int
+    *, ctx: CallContext, request: dict[str, Any], adapter: TemplateAdapter, max_tokens: int
 ) -> tuple[Fitted, int]:
     route = ctx.route
     budget = route.context_window - max_tokens
@@ -286,7 +253,7 @@ def _prepare_sync(
             turn_end_id=turn_end_id,
             separator_ids=separator_ids,
         )
-    return fitted, int(getattr(rendered, "reused", 0))
+    return fitted, rendered.reused if isinstance(rendered, _Rendered) else 0
 
 
 async def message_prepare(*, ctx: CallContext, request: dict[str, Any]) -> Prepared:
@@ -544,128 +511,3 @@ def capture_record(
         betas=list(ctx.betas),
         metadata=dict(prepared.request.get("metadata") or {}),
     )
-
-
-def routes_for_caller(*, caller: Caller) -> list[ModelRoute]:
-    """What GET /v1/models lists: the credential's route, or every inference route."""
-    if caller.credential is not None:
-        return list(ModelRoute.objects.filter(name=caller.credential.route, inference_enabled=True))
-    return list(ModelRoute.objects.filter(inference_enabled=True).order_by("name"))
-
-
-# ROUTES
-# ------------------------------------------------------------------------------
-
-# The embedded default: Qwen3's chat format and real vocabulary, sampled by the tiny
-# random-weight local model (gibberish text, real token plumbing), trainable locally.
-# Claude Code's own model names and aliases all map to it.
-DEFAULT_ROUTE: dict[str, Any] = {
-    "name": "qwen3-8b",
-    "family": "qwen3",
-    "tokenizer": "qwen3",
-    "context_window": 32768,
-    "max_output": 8192,
-    "sampler_backend": "local",
-    "sampler_config": {"family": "qwen3", "tiny": True, "seed": 0},
-    "trainable": True,
-    "inference_enabled": True,
-    "aliases": ["claude-*", "sonnet", "opus", "haiku", "default"],
-}
-
-
-def route_family_check(*, family: str) -> None:
-    """Refuse a family no adapter renders: a route naming one would fail every call."""
-    from apps.core.errors import ValidationFailed
-    from apps.proxy.adapters.registry import ADAPTERS
-
-    if family not in ADAPTERS:
-        raise ValidationFailed(
-            f"unknown family {family!r}; known families: {', '.join(sorted(ADAPTERS))}", field="family"
-        )
-
-
-def route_upsert(
-    *,
-    name: str,
-    family: str,
-    tokenizer: str,
-    context_window: int,
-    max_output: int,
-    sampler_backend: str,
-    sampler_config: dict[str, Any] | None = None,
-    trainable: bool = False,
-    inference_enabled: bool = True,
-    aliases: list[str] | None = None,
-) -> tuple[ModelRoute, bool]:
-    """Create or update a route by name. Returns (route, created)."""
-    from apps.core.errors import ValidationFailed
-    from apps.proxy.samplers.factory import BACKENDS
-
-    if not name or len(name) > 100:
-        raise ValidationFailed("name must be 1 to 100 characters", field="name")
-    route_family_check(family=family)
-    if sampler_backend not in BACKENDS:
-        raise ValidationFailed(f"sampler_backend must be one of {', '.join(BACKENDS)}", field="sampler_backend")
-    if max_output <= 0 or context_window <= max_output:
-        raise ValidationFailed("need 0 < max_output < context_window", field="context_window")
-    aliases = list(aliases or [])
-    if not all(isinstance(a, str) and a for a in aliases):
-        raise ValidationFailed("aliases must be non-empty strings", field="aliases")
-    if not isinstance(sampler_config or {}, dict):
-        raise ValidationFailed("sampler_config must be an object", field="sampler_config")
-    return ModelRoute.objects.update_or_create(
-        name=name,
-        defaults={
-            "family": family,
-            "tokenizer": tokenizer,
-            "context_window": context_window,
-            "max_output": max_output,
-            "sampler_backend": sampler_backend,
-            "sampler_config": sampler_config or {},
-            "trainable": trainable,
-            "inference_enabled": inference_enabled,
-            "aliases": aliases,
-        },
-    )
-
-
-def interactive_credential_issue(*, org: Any, user: Any, model: str, ttl: Any) -> dict[str, Any]:
-    """Issue an interactive session's model credential: one route (or one checkpoint of this
-    organization, served by its route with its weights), this organization, `ttl`.
-
-    `model` is a route name or alias, or a checkpoint id (``ckpt_...``).
-    """
-    import uuid
-
-    from django.utils.module_loading import import_string
-
-    from apps.accounts.services import model_credential_issue
-    from apps.core.errors import NotFound
-
-    snapshot = ""
-    checkpoint = None
-    if model.startswith("ckpt_"):
-        # Checkpoints belong to the training app; the proxy reaches them through the
-        # configured resolver rather than importing it.
-        binding = import_string(settings.SYNTH_CHECKPOINT_RESOLVER)(org=org, checkpoint_id=model)
-        if binding is None:
-            raise NotFound(f"checkpoint {model} not found", field="model")
-        checkpoint, snapshot = binding["checkpoint"], binding["snapshot"]
-        route = selectors.route_resolve(name=binding["route"])
-    else:
-        route = selectors.route_resolve(name=model)
-    if route is None or not route.inference_enabled:
-        raise NotFound(f"no model route {model!r}", field="model")
-    session = f"session-{uuid.uuid4().hex[:16]}"
-    cred, secret = model_credential_issue(
-        org=org, run_id="interactive", trial_id=session, route=route.name, snapshot=snapshot, ttl=ttl
-    )
-    return {
-        "credential": secret,
-        "route": route.name,
-        "checkpoint": checkpoint,
-        "family": route.family,
-        "base_url": getattr(settings, "SYNTH_PROXY_PUBLIC_URL", None) or settings.SYNTH_PUBLIC_URL,
-        "session": session,
-        "expires_at": cred.expires_at,
-    }
