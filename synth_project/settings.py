@@ -57,7 +57,7 @@ def env_float(name: str, default: float, *, minimum: float | None = None) -> flo
     return value
 
 
-def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+def env_choice(name: str, default: str, *, choices: tuple[str, ...]) -> str:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -85,15 +85,6 @@ def env_secret(name: str, default: str | None = None) -> str | None:
     if path:
         return Path(path).read_text().strip()
     return os.environ.get(name, default)
-
-
-def env_choice(name: str, default: str, *, choices: tuple[str, ...]) -> str:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    if raw.upper() not in choices:
-        raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
-    return raw.upper()
 
 
 # GENERAL
@@ -338,7 +329,7 @@ SYNTH_ARTIFACT_MAX_BYTES = env_int("SYNTH_ARTIFACT_MAX_BYTES", 64 * 1024 * 1024)
 SYNTH_TOKENIZER_DIR = Path(os.environ.get("SYNTH_TOKENIZER_DIR") or VAR_DIR / "tokenizers")
 # "hub" loads each family's tokenizer from the Hugging Face hub instead (for those who have
 # one), from the repos in SYNTH_TOKENIZER_HUB_REPOS (family=owner/repo,...) or the defaults.
-SYNTH_TOKENIZER_SOURCE = env_choice("SYNTH_TOKENIZER_SOURCE", "local", ("local", "hub"))
+SYNTH_TOKENIZER_SOURCE = env_choice("SYNTH_TOKENIZER_SOURCE", "local", choices=("local", "hub"))
 SYNTH_TOKENIZER_HUB_REPOS = env_pairs("SYNTH_TOKENIZER_HUB_REPOS")
 # Threads of the proxy's worker pool for CPU work (render, tokenize, parse): one per core.
 SYNTH_PROXY_CPU_WORKERS = env_int("SYNTH_PROXY_CPU_WORKERS", os.cpu_count() or 2, minimum=1)
