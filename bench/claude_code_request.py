@@ -1,7 +1,6 @@
 """Claude-Code-shaped Messages requests for benches: what the proxy really receives.
 
-The shape follows what was observed of Claude Code against a local endpoint
-(shared/research/claude-code-observed.md): `system` as 3 text blocks of about 6 KB, 24
+The shape follows what Claude Code was seen to send to a local endpoint: `system` as 3 text blocks of about 6 KB, 24
 tool definitions of about 64 KB of JSON, `thinking: {"type": "adaptive"}`,
 `output_config`, `context_management`, `metadata.user_id` as a JSON string,
 `cache_control` on blocks, and a conversation that grows by tool cycles: an assistant
