@@ -38,23 +38,6 @@ class ArchiveTooLarge(ServiceError):
     error_type = "request_too_large"
 
 
-def _limit(name: str, default: int) -> int:
-    # Read at call time so that deployments (and tests) can change them in settings.
-    return int(getattr(settings, name, default))
-
-
-def _max_file_bytes() -> int:
-    return _limit("SYNTH_TASK_MAX_FILE_BYTES", harbor_tasks.DEFAULT_MAX_FILE_BYTES)
-
-
-def _max_task_bytes() -> int:
-    return _limit("SYNTH_TASK_MAX_BYTES", harbor_tasks.DEFAULT_MAX_TASK_BYTES)
-
-
-def _max_archive_bytes() -> int:
-    return _limit("SYNTH_TASK_MAX_ARCHIVE_BYTES", 256 * 1024 * 1024)
-
-
 def _name_version_check(*, name: str, version: str) -> None:
     if not DATASET_NAME_RE.match(name or ""):
         raise ValidationFailed(
@@ -71,7 +54,10 @@ def _name_version_check(*, name: str, version: str) -> None:
 def _task_parse(path: Path, *, label: str | None = None, field: str | None = None) -> ParsedTask:
     try:
         return harbor_tasks.task_dir_parse(
-            path, label=label, max_file_bytes=_max_file_bytes(), max_task_bytes=_max_task_bytes()
+            path,
+            label=label,
+            max_file_bytes=settings.SYNTH_TASK_MAX_FILE_BYTES,
+            max_task_bytes=settings.SYNTH_TASK_MAX_BYTES,
         )
     except TaskFormatError as exc:
         raise ValidationFailed(str(exc), field=field) from None
@@ -279,9 +265,10 @@ def dataset_import_archive(
     top-level folder, if the archive wraps everything in one) and may not leave it.
     """
     _name_version_check(name=name, version=version)
-    if archive_size is not None and archive_size > _max_archive_bytes():
+    if archive_size is not None and archive_size > settings.SYNTH_TASK_MAX_ARCHIVE_BYTES:
         raise ArchiveTooLarge(
-            f"archive is {archive_size} bytes, over the limit of {_max_archive_bytes()} bytes", field="archive"
+            f"archive is {archive_size} bytes, over the limit of {settings.SYNTH_TASK_MAX_ARCHIVE_BYTES} bytes",
+            field="archive",
         )
     if registry is not None and len(registry) > MAX_REGISTRY_BYTES:
         raise ArchiveTooLarge(f"registry is over the limit of {MAX_REGISTRY_BYTES} bytes", field="registry")
@@ -292,8 +279,8 @@ def dataset_import_archive(
             root = harbor_tasks.archive_extract(
                 archive,
                 extract_dir,
-                max_member_bytes=_max_file_bytes(),
-                max_total_bytes=_max_archive_bytes(),
+                max_member_bytes=settings.SYNTH_TASK_MAX_FILE_BYTES,
+                max_total_bytes=settings.SYNTH_TASK_MAX_ARCHIVE_BYTES,
             )
         except TaskFormatError as exc:
             raise ValidationFailed(str(exc), field="archive") from None
