@@ -21,8 +21,9 @@ from rest_framework import status
 
 from apps.accounts.models import Organization
 from apps.core.errors import Conflict, NotFound, ServiceError, ValidationFailed
-from apps.datasets import harbor_tasks
-from apps.datasets.harbor_tasks import ParsedTask, TaskFormatError
+from apps.datasets import harbor_tasks, task_archives
+from apps.datasets.errors import TaskFormatError
+from apps.datasets.harbor_tasks import ParsedTask
 from apps.datasets.models import Dataset, DatasetVersion, DatasetVersionTask, TaskVersion
 from apps.datasets.selectors import dataset_version_get, dataset_version_local_unsupported
 from apps.objects.services import object_put
@@ -84,7 +85,7 @@ def _task_version_store(*, org: Organization, parsed: ParsedTask) -> TaskVersion
     existing = TaskVersion.objects.filter(org=org, digest=parsed.digest).first()
     if existing is not None:
         return existing
-    archive = object_put(org=org, data=parsed.archive, content_type=harbor_tasks.ARCHIVE_CONTENT_TYPE)
+    archive = object_put(org=org, data=parsed.archive, content_type=task_archives.ARCHIVE_CONTENT_TYPE)
     # get_or_create, not create: a concurrent import of the same content may have won.
     task_version, _ = TaskVersion.objects.get_or_create(
         org=org,
@@ -276,7 +277,7 @@ def dataset_import_archive(
         extract_dir = Path(tmp) / "archive"
         extract_dir.mkdir()
         try:
-            root = harbor_tasks.archive_extract(
+            root = task_archives.archive_extract(
                 archive,
                 extract_dir,
                 max_member_bytes=settings.SYNTH_TASK_MAX_FILE_BYTES,
@@ -344,4 +345,4 @@ def task_version_materialize(*, task_version: TaskVersion, dest: Path | str) -> 
     from apps.objects.services import object_read
 
     data = object_read(obj=task_version.archive)
-    return harbor_tasks.archive_unpack(data, Path(dest))
+    return task_archives.archive_unpack(data, Path(dest))
