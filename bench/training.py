@@ -106,7 +106,9 @@ def update_child(mode: str, start_tokens: int, turns: int, attempts: int) -> Non
     from apps.training.datums import datums_to_tinker, group_prepare
 
     if mode == "one-pass":
-        local.UNEMBED_CHUNK = 1 << 30  # every kept position unembedded at once
+        from django.conf import settings
+
+        settings.SYNTH_TRAIN_UNEMBED_CHUNK = 1 << 30  # every kept position unembedded at once
     elif mode == "full":
 
         def full_loss(model, input_ids, targets, keep, token_loss, *, backward):

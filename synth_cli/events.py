@@ -12,7 +12,6 @@ reconnects at once. The stream ends with an `end` event carrying the run's final
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,8 +20,9 @@ from urllib.parse import quote
 import httpx
 from httpx_sse import EventSource, SSEError
 
+from synth_cli.config import follow_retries, http_retry_wait
 from synth_cli.errors import ApiError, CliError
-from synth_cli.http import Api, error_from_response, retry_wait, transport_reason
+from synth_cli.http import Api, error_from_response, transport_reason
 
 # Read timeout of the stream: the server sends a keepalive every 10 s, so silence for this
 # long means the connection is dead and should be re-opened.
@@ -42,13 +42,6 @@ def events_page_all(api: Api, run_id: str, *, after: int) -> list[dict[str, Any]
         after = page.get("after", after)
         if not page.get("has_more") or not page.get("results"):
             return events
-
-
-def _max_failures() -> int:
-    try:
-        return max(0, int(os.environ.get("SYNTH_FOLLOW_RETRIES", "8")))
-    except ValueError:
-        return 8
 
 
 def _open(api: Api, run_id: str, *, after: int, server_timeout: float | None) -> httpx.Response:
@@ -77,6 +70,9 @@ def events_follow(
     on_reconnect: Callable[[int, str], None] | None = None,
 ) -> str:
     """Hand every event after `after` to on_event, in order, once; return the final status."""
+    # Read before anything is sent, so that a malformed variable is a usage error up front.
+    max_failures = follow_retries()
+    backoff = http_retry_wait() or 0.05
     last = after
     failures = 0
     retry_ms = 1000  # the server's `retry:` hint, for a stream that closes immediately
@@ -116,14 +112,13 @@ def events_follow(
             raise CliError(f"the event stream held malformed data: {exc}") from None
         except (httpx.TransportError, _Retryable) as exc:
             failures += 1
-            if failures > _max_failures():
+            if failures > max_failures:
                 if isinstance(exc, _Retryable):
                     raise exc.error from None
                 raise api.unreachable(exc) from None
             if on_reconnect:
                 on_reconnect(last, f"{_describe(exc)}; retry {failures}")
-            wait = retry_wait() or 0.05
-            time.sleep(min(wait * 2 ** (failures - 1), 10.0))
+            time.sleep(min(backoff * 2 ** (failures - 1), 10.0))
             continue
         # Closed without `end`: the server's stream timeout (or a proxy's). Resume at once,
         # unless it closed straight away with nothing, which would make a busy loop.

@@ -13,7 +13,6 @@ gateway's 502 page) becomes a message naming the method, path and status.
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,30 +21,13 @@ import httpx
 import tenacity
 
 from synth_cli import __version__
-from synth_cli.config import Settings
+from synth_cli.config import Settings, http_retries, http_retry_wait
 from synth_cli.errors import ApiError, Unreachable
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 # Uploads and downloads move whole archives; give them room to write and read.
 TRANSFER_TIMEOUT = httpx.Timeout(300.0, connect=10.0)
 MAX_PAGE = 500  # the server's max_page_size (apps/core/pagination.py)
-
-
-def _env_number(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
-def retry_attempts() -> int:
-    """Total attempts per request: 1 + SYNTH_HTTP_RETRIES (default 3 retries)."""
-    return 1 + max(0, int(_env_number("SYNTH_HTTP_RETRIES", 3)))
-
-
-def retry_wait() -> float:
-    """First backoff in seconds (SYNTH_HTTP_RETRY_WAIT, default 0.5); doubles each retry."""
-    return max(0.0, _env_number("SYNTH_HTTP_RETRY_WAIT", 0.5))
 
 
 class _RetryableStatus(Exception):
@@ -148,9 +130,10 @@ class Api:
         retry_on: tuple[type[BaseException], ...] = (
             (httpx.TransportError, _RetryableStatus) if idempotent else (httpx.ConnectError,)
         )
-        wait = retry_wait()
+        wait = http_retry_wait()
         retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(retry_attempts()),
+            # The first attempt and SYNTH_HTTP_RETRIES retries; backoff doubles from the wait.
+            stop=tenacity.stop_after_attempt(1 + http_retries()),
             wait=tenacity.wait_exponential_jitter(initial=wait, max=8.0, jitter=wait / 2)
             if wait
             else tenacity.wait_none(),

@@ -1,5 +1,4 @@
-"""The `synth` command: the app tree, `synth login`, `synth agent run` (local, with the
-workers' launcher and sandbox) and `synth claude`; the other groups live in their modules."""
+"""The `synth` command: the app tree, `synth login`, `synth agent run` and `synth claude`."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import typer
 
 from synth_cli import __version__
 from synth_cli.cli import JsonOpt, SynthTyper, api_open
-from synth_cli.config import Settings, config_read, config_write, url_normalize
+from synth_cli.config import Settings, claude_bin, config_read, config_write, url_normalize
 from synth_cli.datasets import dataset_app
 from synth_cli.errors import ApiError, CliError
 from synth_cli.http import Api
@@ -186,7 +185,7 @@ def claude_command(
 
     with api_open() as api:
         issued = api.post("/api/model-credentials", json={"model": model or "qwen3-8b", "ttl_sec": ttl})
-    binary = os.environ.get("SYNTH_CLAUDE_BIN") or shutil.which("claude")
+    binary = claude_bin() or shutil.which("claude")
     if not binary and Path("node_modules/.bin/claude").exists():
         binary = str(Path("node_modules/.bin/claude").resolve())
     if not binary:

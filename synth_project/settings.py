@@ -200,6 +200,13 @@ SYNTH_OBJECT_STORE = os.environ.get("SYNTH_OBJECT_STORE") or f"file://{VAR_DIR /
 SYNTH_S3_ENDPOINT_URL = os.environ.get("SYNTH_S3_ENDPOINT_URL") or None
 SYNTH_S3_REGION = os.environ.get("SYNTH_S3_REGION", "us-east-1")
 SYNTH_GRANT_TTL_SECONDS = env_int("SYNTH_GRANT_TTL_SECONDS", 900)
+# Create the S3 bucket on first use (for a fresh MinIO or test server; production buckets
+# are provisioned with their lifecycle rules).
+SYNTH_S3_CREATE_BUCKET = env_bool("SYNTH_S3_CREATE_BUCKET", False)
+# How S3 objects are verified: "checksum" trusts the ChecksumSHA256 that HeadObject returns
+# (AWS S3 validated it on write); "download" re-hashes the bytes every time, for
+# S3-compatible servers that store a client's checksum claim without validating it.
+SYNTH_S3_VERIFY = env_choice("SYNTH_S3_VERIFY", "checksum", choices=("checksum", "download"))
 
 # REST FRAMEWORK
 # ------------------------------------------------------------------------------
@@ -223,6 +230,10 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
 }
 # Uploads of task archives are bounded; bigger datasets are imported as several versions.
+SYNTH_TASK_MAX_ARCHIVE_BYTES = env_int("SYNTH_TASK_MAX_ARCHIVE_BYTES", 256 * 1024 * 1024, minimum=1)
+# One file of a task, and a whole task's content (unpacked), at most.
+SYNTH_TASK_MAX_FILE_BYTES = env_int("SYNTH_TASK_MAX_FILE_BYTES", 64 * 1024 * 1024, minimum=1)
+SYNTH_TASK_MAX_BYTES = env_int("SYNTH_TASK_MAX_BYTES", 256 * 1024 * 1024, minimum=1)
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("SYNTH_MAX_UPLOAD_BYTES", 256 * 1024 * 1024)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
 
@@ -375,6 +386,9 @@ SYNTH_CLAUDE_CODE_BIN = os.environ.get("SYNTH_CLAUDE_CODE_BIN") or str(BASE_DIR 
 # ------------------------------------------------------------------------------
 # Scratch space of the local training backend (saved adapters before they are packed).
 SYNTH_TRAINING_DIR = Path(os.environ.get("SYNTH_TRAINING_DIR") or VAR_DIR / "training")
+# Positions the local backend unembeds at once: 512 x a 150K vocabulary is ~300 MB of
+# float32 logits; lower it on small machines, raise it on large GPUs.
+SYNTH_TRAIN_UNEMBED_CHUNK = env_int("SYNTH_TRAIN_UNEMBED_CHUNK", 512, minimum=1)
 # How a {"checkpoint": "ckpt_..."} model binding becomes a route and a sampler snapshot.
 # A dotted path, not an import: runs and the proxy must not depend on the training app.
 SYNTH_CHECKPOINT_RESOLVER = os.environ.get(

@@ -55,7 +55,7 @@ def make_task_version_unchecked(*, org: Organization, path: Any, name: str) -> T
     import would refuse (or one broken later) can still reach a worker in tests."""
     from pathlib import Path
 
-    from apps.datasets.harbor_tasks import canonical_tar, task_entries_collect
+    from apps.datasets.task_archives import canonical_tar, task_entries_collect
 
     data = canonical_tar(task_entries_collect(Path(path), label=name))
     archive = object_put(org=org, data=data)

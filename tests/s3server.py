@@ -100,7 +100,7 @@ def s3_store(s3_server: S3Server, settings: Any, monkeypatch: pytest.MonkeyPatch
     monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     # moto stores checksum claims without validating them; see the module docstring.
-    monkeypatch.setenv("SYNTH_S3_VERIFY", "download")
+    settings.SYNTH_S3_VERIFY = "download"
     settings.SYNTH_OBJECT_STORE = f"s3://{s3_server.bucket}/{prefix}"
     settings.SYNTH_S3_ENDPOINT_URL = s3_server.endpoint_url
     settings.SYNTH_S3_REGION = s3_server.region

@@ -21,8 +21,9 @@ from rest_framework import status
 
 from apps.accounts.models import Organization
 from apps.core.errors import Conflict, NotFound, ServiceError, ValidationFailed
-from apps.datasets import harbor_tasks
-from apps.datasets.harbor_tasks import ParsedTask, TaskFormatError
+from apps.datasets import harbor_tasks, task_archives
+from apps.datasets.errors import TaskFormatError
+from apps.datasets.harbor_tasks import ParsedTask
 from apps.datasets.models import Dataset, DatasetVersion, DatasetVersionTask, TaskVersion
 from apps.datasets.selectors import dataset_version_get, dataset_version_local_unsupported
 from apps.objects.services import object_put
@@ -36,23 +37,6 @@ MAX_REGISTRY_BYTES = 4 * 1024 * 1024
 class ArchiveTooLarge(ServiceError):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     error_type = "request_too_large"
-
-
-def _limit(name: str, default: int) -> int:
-    # Read at call time so that deployments (and tests) can change them in settings.
-    return int(getattr(settings, name, default))
-
-
-def _max_file_bytes() -> int:
-    return _limit("SYNTH_TASK_MAX_FILE_BYTES", harbor_tasks.DEFAULT_MAX_FILE_BYTES)
-
-
-def _max_task_bytes() -> int:
-    return _limit("SYNTH_TASK_MAX_BYTES", harbor_tasks.DEFAULT_MAX_TASK_BYTES)
-
-
-def _max_archive_bytes() -> int:
-    return _limit("SYNTH_TASK_MAX_ARCHIVE_BYTES", 256 * 1024 * 1024)
 
 
 def _name_version_check(*, name: str, version: str) -> None:
@@ -71,7 +55,10 @@ def _name_version_check(*, name: str, version: str) -> None:
 def _task_parse(path: Path, *, label: str | None = None, field: str | None = None) -> ParsedTask:
     try:
         return harbor_tasks.task_dir_parse(
-            path, label=label, max_file_bytes=_max_file_bytes(), max_task_bytes=_max_task_bytes()
+            path,
+            label=label,
+            max_file_bytes=settings.SYNTH_TASK_MAX_FILE_BYTES,
+            max_task_bytes=settings.SYNTH_TASK_MAX_BYTES,
         )
     except TaskFormatError as exc:
         raise ValidationFailed(str(exc), field=field) from None
@@ -98,7 +85,7 @@ def _task_version_store(*, org: Organization, parsed: ParsedTask) -> TaskVersion
     existing = TaskVersion.objects.filter(org=org, digest=parsed.digest).first()
     if existing is not None:
         return existing
-    archive = object_put(org=org, data=parsed.archive, content_type=harbor_tasks.ARCHIVE_CONTENT_TYPE)
+    archive = object_put(org=org, data=parsed.archive, content_type=task_archives.ARCHIVE_CONTENT_TYPE)
     # get_or_create, not create: a concurrent import of the same content may have won.
     task_version, _ = TaskVersion.objects.get_or_create(
         org=org,
@@ -279,9 +266,10 @@ def dataset_import_archive(
     top-level folder, if the archive wraps everything in one) and may not leave it.
     """
     _name_version_check(name=name, version=version)
-    if archive_size is not None and archive_size > _max_archive_bytes():
+    if archive_size is not None and archive_size > settings.SYNTH_TASK_MAX_ARCHIVE_BYTES:
         raise ArchiveTooLarge(
-            f"archive is {archive_size} bytes, over the limit of {_max_archive_bytes()} bytes", field="archive"
+            f"archive is {archive_size} bytes, over the limit of {settings.SYNTH_TASK_MAX_ARCHIVE_BYTES} bytes",
+            field="archive",
         )
     if registry is not None and len(registry) > MAX_REGISTRY_BYTES:
         raise ArchiveTooLarge(f"registry is over the limit of {MAX_REGISTRY_BYTES} bytes", field="registry")
@@ -289,11 +277,11 @@ def dataset_import_archive(
         extract_dir = Path(tmp) / "archive"
         extract_dir.mkdir()
         try:
-            root = harbor_tasks.archive_extract(
+            root = task_archives.archive_extract(
                 archive,
                 extract_dir,
-                max_member_bytes=_max_file_bytes(),
-                max_total_bytes=_max_archive_bytes(),
+                max_member_bytes=settings.SYNTH_TASK_MAX_FILE_BYTES,
+                max_total_bytes=settings.SYNTH_TASK_MAX_ARCHIVE_BYTES,
             )
         except TaskFormatError as exc:
             raise ValidationFailed(str(exc), field="archive") from None
@@ -357,4 +345,4 @@ def task_version_materialize(*, task_version: TaskVersion, dest: Path | str) -> 
     from apps.objects.services import object_read
 
     data = object_read(obj=task_version.archive)
-    return harbor_tasks.archive_unpack(data, Path(dest))
+    return task_archives.archive_unpack(data, Path(dest))

@@ -17,7 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from apps.objects.store import ObjectCorrupt, store_get
+from apps.objects.contract import ObjectCorrupt
+from apps.objects.store import store_get
 
 SNAPSHOT_SCHEME = "object:sha256:"
 _COMPLETE = ".complete"

@@ -23,18 +23,11 @@ from django.utils import timezone
 
 from apps.accounts.models import Organization
 from apps.core.errors import Forbidden, NotFound, ValidationFailed
+from apps.objects.contract import MAX_OBJECT_SIZE, ObjectCorrupt, PresignedRequest, PutResult
+from apps.objects.filesystem import FileSystemStore, token_load
 from apps.objects.models import StoredObject, UploadGrant
 from apps.objects.selectors import object_get
-from apps.objects.store import (
-    MAX_OBJECT_SIZE,
-    FileSystemStore,
-    ObjectCorrupt,
-    PresignedRequest,
-    PutResult,
-    grant_expiry,
-    store_get,
-    token_load,
-)
+from apps.objects.store import grant_expiry, store_get
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 DEFAULT_CONTENT_TYPE = "application/octet-stream"

@@ -32,6 +32,6 @@ def on_group_settled(*, run_id: str, step: int, kind: str | None = None, **_: An
 
 @receiver(signals.sweep_tick, dispatch_uid="training.sweep_tick")
 def on_sweep_tick(*, now: Any, limit: int, **_: Any) -> dict[str, int]:
-    from apps.training.services import training_sweep
+    from apps.training.sweeper import training_sweep
 
     return training_sweep(now=now, limit=limit)

@@ -1,7 +1,7 @@
 """Celery interfaces to training services (queue ``training``): ids in, one call each.
 
 None retries itself: each is idempotent, and what a failed or lost one leaves behind is
-driven again by the sweeper (apps.training.services.training_sweep).
+driven again by the sweeper (apps.training.sweeper.training_sweep).
 """
 
 from __future__ import annotations
@@ -38,6 +38,6 @@ def group_settled_task(run_id: str, step: int) -> None:
     time_limit=3 * 3600 + 300,
 )
 def update_apply_task(run_id: str, step: int) -> None:
-    from apps.training.services import update_apply
+    from apps.training.updates import update_apply
 
     update_apply(run_id=run_id, step=step)

@@ -135,3 +135,36 @@ def test_the_cli_speaks_http_only_and_runs_as_a_program():
         [sys.executable, "-m", "synth_cli.main", "--help"], capture_output=True, text=True, env=env, check=True
     )
     assert "Usage: synth" in result.stdout
+
+
+@pytest.mark.django_db(transaction=False)
+@pytest.mark.parametrize(
+    ("name", "value", "problem"),
+    [
+        ("SYNTH_HTTP_RETRIES", "many", "must be a whole number, not 'many'"),
+        ("SYNTH_HTTP_RETRIES", "-1", "must be at least 0, not -1"),
+        ("SYNTH_HTTP_RETRY_WAIT", "soon", "must be a number of seconds, not 'soon'"),
+        ("SYNTH_HTTP_RETRY_WAIT", "nan", "must be a non-negative number of seconds, not 'nan'"),
+    ],
+)
+def test_tuning_that_does_not_parse_is_a_usage_error(offline, monkeypatch, name, value, problem):
+    """Strict, not a silent default: the command stops before it sends anything (exit 2)."""
+    port = _closed_port()
+    monkeypatch.setenv("SYNTH_API_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("SYNTH_TOKEN", "t")
+    monkeypatch.setenv(name, value)
+    result = offline("run", "show", "run_x")
+    assert result.exit_code == 2
+    assert one_line(result.stderr) == f"synth: {name} {problem}"
+
+
+@pytest.mark.django_db(transaction=False)
+@pytest.mark.parametrize(("name", "value"), [("SYNTH_FOLLOW_SERVER_TIMEOUT", "0"), ("SYNTH_FOLLOW_RETRIES", "2.5")])
+def test_follow_tuning_that_does_not_parse_is_a_usage_error(offline, monkeypatch, name, value):
+    monkeypatch.setenv("SYNTH_API_URL", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("SYNTH_TOKEN", "t")
+    monkeypatch.setenv("SYNTH_HTTP_RETRIES", "0")
+    monkeypatch.setenv(name, value)
+    result = offline("run", "events", "run_x", "--follow")
+    assert result.exit_code == 2
+    assert one_line(result.stderr).startswith(f"synth: {name} must be ")

@@ -7,7 +7,8 @@ import time
 import pytest
 from django.db import connections, transaction
 
-from apps.runs.models import RunEvent
+from apps.objects.services import object_put
+from apps.runs.models import Artifact, RunEvent
 from apps.runs.services import event_append, run_cancel
 from synth_cli import events as synth_events
 from tests.cli.conftest import one_line
@@ -129,8 +130,7 @@ def test_run_views_list_what_a_new_run_has(synth, dataset, recipe_file):
 
 
 def test_regrade_submits_a_judged_rerun_of_retained_work(synth, alice, dataset, recipe_file):
-    from apps.objects.services import object_put
-    from apps.runs.models import Artifact, Run, Trial
+    from apps.runs.models import Run, Trial
 
     run_id = one_line(_start(synth, dataset, recipe_file).stdout)
     result = synth("run", "regrade", run_id, "--judge", f"@{recipe_file}", "--judge-name", "judge")
@@ -160,11 +160,6 @@ def test_regrade_submits_a_judged_rerun_of_retained_work(synth, alice, dataset, 
 
 
 def test_artifacts_download_through_their_read_grants(synth, alice, dataset, recipe_file, settings, live_server):
-    try:
-        from apps.objects.services import object_put
-        from apps.runs.models import Artifact
-    except ImportError:  # pragma: no cover - the artifacts model arrives with another issue
-        pytest.skip("this server has no artifacts yet")
     settings.SYNTH_PUBLIC_URL = live_server.url  # where the filesystem store's grants point
     run_id = one_line(_start(synth, dataset, recipe_file).stdout)
     files = {"logs/agent.txt": b"agent log\n", "reward.txt": b"1\n"}
@@ -172,8 +167,7 @@ def test_artifacts_download_through_their_read_grants(synth, alice, dataset, rec
         obj = object_put(org=alice.org, data=data)
         Artifact.objects.create(run_id=run_id, name=name, kind="log", object=obj, sha256=obj.sha256, size=len(data))
     listed = synth("run", "artifacts", run_id, "--json")
-    if listed.exit_code != 0:
-        pytest.skip(f"this server does not list artifacts yet: {listed.stderr}")
+    assert listed.exit_code == 0, listed.stderr
     assert sorted(a["name"] for a in json.loads(listed.stdout)) == sorted(files)
     out = synth.tmp / "out"
     result = synth("run", "artifacts", run_id, "--download", str(out))

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from apps.datasets import harbor_tasks
-from apps.datasets.harbor_tasks import TaskFormatError, task_dir_parse
+from apps.datasets import harbor_tasks, task_archives
+from apps.datasets.errors import TaskFormatError
+from apps.datasets.harbor_tasks import task_dir_parse
 from tests.datasets.conftest import EXAMPLE_SLUGS, EXAMPLE_TASKS, EXAMPLES, TASK_TOML, write_task
 
 
@@ -184,10 +185,10 @@ def test_archive_extract_refuses_path_traversal(tmp_path: Path) -> None:
     dest = tmp_path / "out"
     dest.mkdir()
     with pytest.raises(TaskFormatError, match=r"archive: ../evil.txt: path points outside the archive"):
-        harbor_tasks.archive_extract(buf, dest)
+        task_archives.archive_extract(buf, dest)
     assert not (tmp_path / "evil.txt").exists()
 
 
 def test_archive_extract_refuses_garbage(tmp_path: Path) -> None:
     with pytest.raises(TaskFormatError, match="not a readable tar or tar.gz file"):
-        harbor_tasks.archive_extract(io.BytesIO(b"not a tar at all" * 100), tmp_path)
+        task_archives.archive_extract(io.BytesIO(b"not a tar at all" * 100), tmp_path)

@@ -6,7 +6,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from apps.objects.store import FileSystemStore, store_get
+from apps.objects.filesystem import FileSystemStore
+from apps.objects.store import store_get
 from tests.s3server import s3_server, s3_store  # noqa: F401  (fixtures)
 
 

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from apps.core.errors import Forbidden, NotFound
+from apps.objects.contract import ChecksumMismatch, ObjectCorrupt, UploadMissing, object_key
 from apps.objects.models import StoredObject, UploadGrant
 from apps.objects.services import (
     object_commit,
@@ -17,7 +18,6 @@ from apps.objects.services import (
     object_read_grant,
     object_upload_grant,
 )
-from apps.objects.store import ChecksumMismatch, ObjectCorrupt, UploadMissing, object_key
 from tests.objects.conftest import local, sha
 
 pytestmark = pytest.mark.django_db
@@ -214,7 +214,7 @@ def test_grant_input_is_validated(fs_store, alice):
 
 
 def test_signed_helpers_refuse_garbage():
-    from apps.objects.store import token_load
+    from apps.objects.filesystem import token_load
 
     with pytest.raises(Forbidden):
         token_load(purpose="upload", token="not-a-token")

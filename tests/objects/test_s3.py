@@ -11,7 +11,9 @@ import pytest
 from botocore.exceptions import ClientError
 
 from apps.core.errors import NotFound
+from apps.objects.contract import ChecksumMismatch, ObjectCorrupt, UploadMissing
 from apps.objects.models import StoredObject
+from apps.objects.s3 import S3Store
 from apps.objects.services import (
     object_commit,
     object_open,
@@ -20,7 +22,7 @@ from apps.objects.services import (
     object_read_grant,
     object_upload_grant,
 )
-from apps.objects.store import ChecksumMismatch, ObjectCorrupt, S3Store, UploadMissing, store_get
+from apps.objects.store import store_get
 from tests.objects.conftest import sha
 
 pytestmark = pytest.mark.django_db
@@ -188,9 +190,9 @@ def test_staged_bytes_are_promoted_if_the_object_vanished(s3_store, alice, bob):
     assert object_read(obj=obj) == data
 
 
-def test_provider_checksum_mode(s3_store, alice, monkeypatch):
+def test_provider_checksum_mode(s3_store, alice, settings):
     """SYNTH_S3_VERIFY=checksum trusts HeadObject's ChecksumSHA256 and hashes only without one."""
-    monkeypatch.setenv("SYNTH_S3_VERIFY", "checksum")
+    settings.SYNTH_S3_VERIFY = "checksum"
     store = store_get()
     assert store.verify_by == "checksum"
     obj = object_put(org=alice.org, data=b"trusted")
@@ -211,10 +213,10 @@ def test_provider_checksum_mode(s3_store, alice, monkeypatch):
         store.put(sha256=sha(b"other"), size=5, body=b"other", content_type="text/plain")
 
 
-def test_bucket_is_created_lazily_when_asked(s3_store, settings, monkeypatch, alice):
+def test_bucket_is_created_lazily_when_asked(s3_store, settings, alice):
     bucket = f"synth-lazy-{uuid.uuid4().hex[:8]}"
     settings.SYNTH_OBJECT_STORE = f"s3://{bucket}"
-    monkeypatch.setenv("SYNTH_S3_CREATE_BUCKET", "true")
+    settings.SYNTH_S3_CREATE_BUCKET = True
     obj = object_put(org=alice.org, data=b"in a new bucket")
     assert object_read(obj=obj) == b"in a new bucket"
     assert s3_store.server.client().head_object(Bucket=bucket, Key=obj.key)["ContentLength"] == 15

@@ -38,7 +38,7 @@ from apps.runs.transitions import (
     trial_transition,
 )
 from apps.training.models import LearningUpdate, Trainer
-from apps.training.services import (
+from apps.training.transitions import (
     TRAINER_TRANSITIONS,
     UPDATE_TRANSITIONS,
     trainer_transition,

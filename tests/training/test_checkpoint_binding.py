@@ -8,9 +8,10 @@ import hashlib
 import pytest
 
 from apps.core.errors import NotFound
+from apps.objects.contract import ObjectCorrupt
 from apps.objects.packages import dir_pack, snapshot_ref
 from apps.objects.services import object_put
-from apps.objects.store import ObjectCorrupt, store_get
+from apps.objects.store import store_get
 from apps.proxy.calls import sampler_config
 from apps.proxy.errors import ApiError
 from apps.proxy.models import ModelRoute

@@ -12,7 +12,8 @@ from apps.runs.execution import _trial_settle
 from apps.runs.models import Run, RunStatus, SamplingGroup, Trial
 from apps.runs.services import run_cancel
 from apps.training.models import LearningUpdate, Trainer, TrainerStatus, UpdateStatus
-from apps.training.services import step_settled, training_start, update_apply
+from apps.training.services import step_settled, training_start
+from apps.training.updates import update_apply
 from tests.factories import make_train_run
 
 pytestmark = pytest.mark.django_db

@@ -115,15 +115,13 @@ def test_unknown_losses_are_refused(service):
     torch.manual_seed(0)  # the global RNG is untouched by the backend's seeded init
 
 
-def test_chunked_unembedding_gives_the_same_update_as_one_pass(service, monkeypatch):
-    from apps.training.backends import local
-
+def test_chunked_unembedding_gives_the_same_update_as_one_pass(service, settings):
     sampler = LocalTorchSampler.tiny(family="qwen3", seed=0)
     calls = [_sampled(sampler, [1, 2, 3], seed=s) for s in range(2)]
     wire = _wire(calls[0], 1.0) + _wire(calls[1], -0.7)
     results = []
     for chunk in (1 << 30, 2):  # everything at once, then two positions at a time
-        monkeypatch.setattr(local, "UNEMBED_CHUNK", chunk)
+        settings.SYNTH_TRAIN_UNEMBED_CHUNK = chunk
         client = service.create_lora_training_client("tiny", rank=4, seed=0).result()
         out = client.forward_backward(wire, "importance_sampling").result()
         grad = client.optim_step(ADAM).result().metrics["optim/grad_norm"]

@@ -19,7 +19,8 @@ from django.utils import timezone
 from apps.runs.models import GroupStatus, Run, RunEvent, RunStatus, SamplingGroup, Trial, TrialStatus
 from apps.runs.sweeper import sweep_tick
 from apps.training.models import LearningUpdate, Trainer, TrainerStatus, UpdateStatus
-from apps.training.services import training_start, update_apply
+from apps.training.services import training_start
+from apps.training.updates import update_apply
 from tests.factories import make_train_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +31,8 @@ import sys, time, django
 django.setup()
 from apps.core.process import process_identity
 from apps.training.models import LearningUpdate
-from apps.training.services import UpdateKeeper, _update_take, update_transition
+from apps.training.transitions import update_transition
+from apps.training.updates import UpdateKeeper, _update_take
 update = LearningUpdate.objects.get(pk=sys.argv[1])
 holder = process_identity()
 assert _update_take(update=update, holder=holder)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
-import os
 import threading
 import uuid
 from collections.abc import Callable, Mapping
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from django.conf import settings
 from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 
@@ -71,10 +71,6 @@ def _done(value: Any) -> AwaitableConcurrentFuture:
     return AwaitableConcurrentFuture(future)
 
 
-# Positions unembedded at once: 512 x a 150K vocabulary is ~300 MB of float32 logits.
-UNEMBED_CHUNK = int(os.environ.get("SYNTH_TRAIN_UNEMBED_CHUNK", "512"))
-
-
 def _datum_loss(
     model: Any,
     input_ids: list[int],
@@ -102,7 +98,8 @@ def _datum_loss(
     detached = hidden.detach().requires_grad_(backward)
     total = 0.0
     logprobs: list[torch.Tensor] = []
-    for index in torch.arange(len(positions), device=hidden.device).split(UNEMBED_CHUNK):
+    # Positions unembedded at once (SYNTH_TRAIN_UNEMBED_CHUNK): bounds the logits' memory.
+    for index in torch.arange(len(positions), device=hidden.device).split(settings.SYNTH_TRAIN_UNEMBED_CHUNK):
         logits = base.lm_head(detached.index_select(0, positions[index])).float()
         lp = torch.log_softmax(logits, dim=-1).gather(-1, chosen[index][:, None])[:, 0]
         loss = token_loss(lp, index)

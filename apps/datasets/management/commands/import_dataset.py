@@ -18,8 +18,8 @@ class Command(BaseCommand):
     )
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: object) -> CommandParser:
-        # The issue asks for --version (the dataset version); Django's own --version
-        # (print Django's version) is replaced rather than clashing with it.
+        # --version names the dataset version, as in `synth dataset push`; Django's own
+        # --version (print Django's version) is replaced rather than clashing with it.
         kwargs.setdefault("conflict_handler", "resolve")
         return super().create_parser(prog_name, subcommand, **kwargs)
 

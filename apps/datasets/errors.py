@@ -1,0 +1,12 @@
+"""Why a task, a registry or an archive is refused: the user-facing message names the file."""
+
+from __future__ import annotations
+
+
+class TaskFormatError(ValueError):
+    """A task (or registry) that Harbor would not accept; str() is the user-facing message."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{where}: {problem}")
+        self.where = where
+        self.problem = problem

@@ -1,0 +1,235 @@
+"""Task content as bytes: the canonical archive of a task folder, and safe extraction of
+uploaded archives. Pure: no database, no store.
+
+The canonical archive is a plain (uncompressed) POSIX tar whose bytes depend only on
+the task's content: entries sorted by path, mtime 0, uid/gid 0, no owner names, and
+modes normalised to 0755 (directories, executables) / 0644 (other files). Plain tar
+rather than tar.gz because compressed bytes depend on the zlib build, which would
+make the same task hash differently on two machines.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import stat
+import tarfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from apps.datasets.errors import TaskFormatError
+
+# Defaults for the size limits; the services read the effective values from settings.
+DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_TASK_BYTES = 256 * 1024 * 1024
+DEFAULT_MAX_ARCHIVE_MEMBERS = 100_000
+
+ARCHIVE_CONTENT_TYPE = "application/x-tar"
+
+# Left out of the archive: they change with every checkout or interpreter run (pyc files
+# embed source mtimes) without changing the task, and would otherwise break digest
+# stability. Harbor's own packager ignores the same kind of files.
+_SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"})
+_SKIP_FILES = frozenset({".DS_Store"})
+_SKIP_SUFFIXES = (".pyc", ".pyo")
+_NOT_TEXT = re.compile("[\x00\ud800-\udfff]")
+
+
+@dataclass(frozen=True)
+class ArchiveEntry:
+    path: str  # posix, relative to the task root
+    kind: str  # "dir" | "file" | "symlink"
+    mode: int
+    data: bytes = b""
+    link: str = ""
+
+
+def _skipped(name: str, is_dir: bool) -> bool:
+    if is_dir:
+        return name in _SKIP_DIRS
+    return name in _SKIP_FILES or name.endswith(_SKIP_SUFFIXES)
+
+
+def task_entries_collect(
+    task_dir: Path,
+    *,
+    label: str,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    max_task_bytes: int = DEFAULT_MAX_TASK_BYTES,
+) -> list[ArchiveEntry]:
+    """Every file, directory and internal symlink of the task, sorted by path.
+
+    Symlinks are kept as links (relative, so they still work after extraction) only when
+    they point inside the task; a link that escapes the task, or dangles, is rejected
+    because its meaning would depend on the importing machine.
+    """
+    root = task_dir.resolve()
+    entries: list[ArchiveEntry] = []
+    total = 0
+    stack = [root]
+    while stack:
+        directory = stack.pop()
+        with os.scandir(directory) as it:
+            children = sorted(it, key=lambda e: e.name)
+        for child in children:
+            path = Path(child.path)
+            rel = path.relative_to(root).as_posix()
+            where = f"{label}/{rel}"
+            try:
+                rel.encode("utf-8")
+            except UnicodeEncodeError:
+                raise TaskFormatError(where, "file name is not valid UTF-8") from None
+            st = child.stat(follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                target = os.readlink(path)
+                resolved = (path.parent / target).resolve()
+                if not resolved.is_relative_to(root):
+                    raise TaskFormatError(where, f"symlink points outside the task ({target})")
+                if not resolved.exists():
+                    raise TaskFormatError(where, f"symlink target does not exist ({target})")
+                link = os.path.relpath(resolved, path.parent.resolve())
+                entries.append(ArchiveEntry(path=rel, kind="symlink", mode=0o777, link=Path(link).as_posix()))
+            elif stat.S_ISDIR(st.st_mode):
+                if _skipped(child.name, True):
+                    continue
+                entries.append(ArchiveEntry(path=rel, kind="dir", mode=0o755))
+                stack.append(path)
+            elif stat.S_ISREG(st.st_mode):
+                if _skipped(child.name, False):
+                    continue
+                if st.st_size > max_file_bytes:
+                    raise TaskFormatError(
+                        where, f"file is {st.st_size} bytes, over the limit of {max_file_bytes} bytes"
+                    )
+                total += st.st_size
+                if total > max_task_bytes:
+                    raise TaskFormatError(label, f"task content is over the limit of {max_task_bytes} bytes")
+                data = path.read_bytes()
+                mode = 0o755 if st.st_mode & 0o111 else 0o644
+                entries.append(ArchiveEntry(path=rel, kind="file", mode=mode, data=data))
+            else:
+                raise TaskFormatError(where, "not a regular file, directory or symlink")
+    entries.sort(key=lambda e: e.path)
+    return entries
+
+
+def canonical_tar(entries: Iterable[ArchiveEntry]) -> bytes:
+    """The deterministic tar of `entries` (already sorted): same content -> same bytes."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for entry in entries:
+            info = tarfile.TarInfo(entry.path)
+            info.mtime = 0
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.mode = entry.mode
+            if entry.kind == "dir":
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif entry.kind == "symlink":
+                info.type = tarfile.SYMTYPE
+                info.linkname = entry.link
+                tar.addfile(info)
+            else:
+                info.size = len(entry.data)
+                tar.addfile(info, io.BytesIO(entry.data))
+    return buf.getvalue()
+
+
+def archive_extract(
+    fileobj: IO[bytes],
+    dest: Path,
+    *,
+    max_member_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    max_total_bytes: int = DEFAULT_MAX_TASK_BYTES,
+    max_members: int = DEFAULT_MAX_ARCHIVE_MEMBERS,
+    where: str = "archive",
+) -> Path:
+    """Safely unpack an uploaded tar / tar.gz into `dest` and return the dataset root.
+
+    Sizes are checked from the headers before anything is written (a small gzip can
+    expand enormously); Python's "data" extraction filter refuses absolute paths, `..`,
+    links leaving `dest` and device files. A single top-level folder is descended into,
+    since `tar czf x.tgz mytasks/` is the natural way to pack a folder of tasks.
+    """
+    try:
+        with tarfile.open(fileobj=fileobj, mode="r:*") as tar:
+            members = []
+            total = 0
+            for member in tar:
+                _member_names_check(member, where=where)
+                members.append(member)
+                if len(members) > max_members:
+                    raise TaskFormatError(where, f"more than {max_members} entries")
+                if member.isfile():
+                    if member.size > max_member_bytes:
+                        raise TaskFormatError(
+                            f"{where}: {member.name}",
+                            f"file is {member.size} bytes, over the limit of {max_member_bytes} bytes",
+                        )
+                    total += member.size
+                    if total > max_total_bytes:
+                        raise TaskFormatError(where, f"content is over the limit of {max_total_bytes} bytes")
+            for member in members:
+                try:
+                    tar.extract(member, dest, filter="data")
+                except tarfile.FilterError as exc:
+                    raise TaskFormatError(f"{where}: {member.name}", _filter_reason(exc)) from None
+    except tarfile.ReadError as exc:
+        raise TaskFormatError(where, f"not a readable tar or tar.gz file ({exc})") from None
+    except EOFError:
+        raise TaskFormatError(where, "truncated archive") from None
+    return archive_root(dest)
+
+
+def _member_names_check(member: tarfile.TarInfo, *, where: str) -> None:
+    """A name that is not UTF-8 (tarfile keeps its bytes as lone surrogates) or holds a NUL
+    could not be stored, shown or extracted; it is refused, shown with its bytes escaped."""
+    for label, name in (("file name", member.name), ("link target", member.linkname)):
+        match = _NOT_TEXT.search(name)
+        if match:
+            problem = "contains a NUL character" if match.group() == "\x00" else "is not valid UTF-8"
+            raise TaskFormatError(f"{where}: {_escaped(name)}", f"{label} {problem}")
+
+
+def _escaped(name: str) -> str:
+    """The name's bytes as text, undecodable ones escaped ("caf\\xe9")."""
+    try:
+        raw = name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that is not an undecodable byte
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace").replace("\x00", "\\x00")
+
+
+def _filter_reason(exc: tarfile.FilterError) -> str:
+    if isinstance(exc, (tarfile.AbsoluteLinkError, tarfile.LinkOutsideDestinationError)):
+        return "link points outside the archive"
+    if isinstance(exc, (tarfile.AbsolutePathError, tarfile.OutsideDestinationError)):
+        return "path points outside the archive"
+    if isinstance(exc, tarfile.SpecialFileError):
+        return "special files (devices, fifos) are not allowed"
+    return str(exc)
+
+
+def archive_root(dest: Path) -> Path:
+    """`dest`, or its only child folder when the archive wrapped everything in one."""
+    children = [c for c in dest.iterdir() if not c.name.startswith(".")]
+    if (
+        len(children) == 1
+        and children[0].is_dir()
+        and not children[0].is_symlink()
+        and not (children[0] / "task.toml").exists()
+    ):
+        return children[0]
+    return dest
+
+
+def archive_unpack(data: bytes, dest: Path) -> Path:
+    """Materialise a canonical task archive (e.g. for a sandbox) into `dest`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        tar.extractall(dest, filter="data")
+    return dest

@@ -1,0 +1,164 @@
+"""The object store contract: one create-only, content-addressed interface over two backends.
+
+* Keys are ``sha256/<hex>``: the name of an object is the SHA-256 of its bytes.
+* Writes are create-only. The filesystem links a fully written, verified temporary file
+  into place with ``os.link`` (which fails if the name exists); S3 is written with
+  ``PutObject(IfNoneMatch="*")`` so the provider refuses to replace an object.
+* Checksums are verified before an object becomes visible. The filesystem hashes while
+  writing and links nothing on a mismatch; S3 receives ``ChecksumSHA256`` so the provider
+  rejects bytes that do not match (and we hash locally first whenever we hold the bytes).
+* Putting bytes that are already stored is a success reported as ``"present"`` (content
+  addressing makes it the same object), but only after the existing object was verified
+  (size and SHA-256). An existing object that does not match its key is never overwritten:
+  that is ``ObjectCorrupt``. Bytes that do not hash to the key given are ``ChecksumMismatch``.
+* Grants: an upload grant is a presigned PUT (S3) or a URL to our own signed endpoint
+  (filesystem); a read grant is a presigned GET or a signed URL to our content endpoint.
+
+The backends are ``apps.objects.filesystem`` and ``apps.objects.s3``; ``apps.objects.store``
+picks the configured one.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import datetime
+from typing import IO, Literal
+
+from apps.core.errors import Conflict, ValidationFailed
+
+CHUNK_SIZE = 1024 * 1024
+# What a single S3 PUT accepts; bigger objects would need multipart uploads (not offered).
+MAX_OBJECT_SIZE = 5 * 1024**3
+# S3 user metadata naming the upload grant that created an object (see S3Store.upload_verify).
+GRANT_METADATA = "synth-grant"
+
+PutResult = Literal["created", "present"]
+
+
+class ChecksumMismatch(ValidationFailed):
+    """The bytes do not have the declared SHA-256 or size; nothing was stored."""
+
+    error_type = "checksum_mismatch"
+
+
+class ObjectCorrupt(Conflict):
+    """Bytes already stored under a key do not hash to it. Create-only: never overwritten."""
+
+    error_type = "object_corrupt"
+
+
+class UploadMissing(Conflict):
+    """A commit found no bytes uploaded under its grant."""
+
+    error_type = "upload_missing"
+
+
+def object_key(sha256: str) -> str:
+    return f"sha256/{sha256}"
+
+
+def sha256_b64(sha256: str) -> str:
+    """The form S3 uses for ``ChecksumSHA256``: base64 of the raw digest, not hex."""
+    return base64.b64encode(bytes.fromhex(sha256)).decode()
+
+
+@dataclass(frozen=True)
+class ObjectStat:
+    size: int
+    sha256: str | None  # hex digest the provider vouches for, when it returns one
+    grant_id: str | None = None  # upload grant that created the object (S3 metadata)
+
+
+@dataclass(frozen=True)
+class PresignedRequest:
+    """An HTTP request a client may make without our credentials, until expires_at."""
+
+    url: str
+    method: str
+    headers: dict[str, str]
+    expires_at: datetime
+
+
+def copy_hashing(body: bytes | IO[bytes], out: IO[bytes] | None, *, limit: int | None) -> tuple[str, int]:
+    """Copy body to out (if any) while hashing; stop early once more than limit bytes came.
+
+    Reading at most limit+1 bytes bounds what a client can make us write for a grant of
+    a given size: one byte too many already proves the mismatch.
+    """
+    digest = hashlib.sha256()
+    count = 0
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        data = bytes(body) if limit is None else bytes(body[: limit + 1])
+        digest.update(data)
+        if out is not None:
+            out.write(data)
+        return digest.hexdigest(), len(data)
+    while True:
+        want = CHUNK_SIZE if limit is None else min(CHUNK_SIZE, limit + 1 - count)
+        if want <= 0:
+            break
+        chunk = body.read(want)
+        if not chunk:
+            break
+        digest.update(chunk)
+        count += len(chunk)
+        if out is not None:
+            out.write(chunk)
+    return digest.hexdigest(), count
+
+
+def digest_check(*, sha256: str, size: int | None, got_sha256: str, got_size: int) -> None:
+    if size is not None and got_size != size:
+        raise ChecksumMismatch(f"expected {size} bytes, received {got_size if got_size <= size else 'more'}")
+    if got_sha256 != sha256:
+        raise ChecksumMismatch(f"SHA-256 of the bytes is {got_sha256}, not {sha256}", field="sha256")
+
+
+class ObjectStore(ABC):
+    """The storage contract. Keys are always derived from the SHA-256 (``object_key``)."""
+
+    scheme: str
+
+    @abstractmethod
+    def put(self, *, sha256: str, size: int | None, body: bytes | IO[bytes], content_type: str) -> PutResult:
+        """Store bytes create-only under sha256/<hex>, verified; ChecksumMismatch/ObjectCorrupt."""
+
+    @abstractmethod
+    def open(self, *, sha256: str) -> IO[bytes]:
+        """A binary stream of the object (not re-verified; object_read verifies)."""
+
+    @abstractmethod
+    def stat(self, *, sha256: str) -> ObjectStat | None:
+        """Size (and digest if the provider vouches for one), or None if absent."""
+
+    @abstractmethod
+    def verify(self, *, sha256: str, size: int) -> bool | None:
+        """Whether the stored object has this size and SHA-256; None if it is absent."""
+
+    @abstractmethod
+    def delete(self, *, sha256: str) -> None:
+        """Remove an object. Only for bytes that failed verification (see callers)."""
+
+    @abstractmethod
+    def upload_request(
+        self, *, grant_id: str, org_id: str, sha256: str, size: int, content_type: str, expires_at: datetime
+    ) -> PresignedRequest:
+        """How a producer uploads the bytes of one grant."""
+
+    @abstractmethod
+    def upload_verify(self, *, grant_id: str, sha256: str, size: int, received: bool) -> None:
+        """Check that the grant's bytes are in the store under their key, verified.
+
+        Raises UploadMissing when nothing was uploaded under this grant (the grant is also
+        the proof that the org holds the bytes, so an object stored by someone else does not
+        count), ChecksumMismatch (after removing the bad bytes) when they do not verify.
+        """
+
+    @abstractmethod
+    def download_request(
+        self, *, org_id: str, sha256: str, content_type: str, expires_at: datetime
+    ) -> PresignedRequest:
+        """A read grant for one object."""

@@ -1,0 +1,71 @@
+"""What a sampling group gives the learner: each attempt's reward joined to the token
+payloads of its captured model calls (published evidence only)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from apps.objects.selectors import object_get
+from apps.objects.services import object_read
+from apps.proxy.capture import interaction_publish
+from apps.proxy.models import Eligibility, Integrity, Interaction
+from apps.runs.models import SamplingGroup, TrialStatus
+from apps.training.datums import Attempt, Call, GroupData
+
+
+def _payload(interaction: Interaction) -> dict[str, Any]:
+    """The interaction's token payload from the object store, publishing it first if the
+    evidence publisher has not yet (training uses published evidence only)."""
+    if interaction.integrity == Integrity.STAGED:
+        interaction_publish(interaction_id=interaction.id)
+        interaction.refresh_from_db(fields=["integrity", "payload_sha256"])
+    obj = object_get(org=interaction.org, sha256=interaction.payload_sha256)
+    return json.loads(object_read(obj=obj))
+
+
+def group_attempts(*, group: SamplingGroup) -> list[Attempt]:
+    """The group's attempts with their rewards and captured calls, in call order."""
+    trials = list(group.trials.order_by("attempt"))
+    calls: dict[str, list[Interaction]] = {t.id: [] for t in trials}
+    for interaction in (
+        # The attempt's own calls: a judge's calls assessed it and are not the policy's.
+        Interaction.objects.filter(org_id=group.run.org_id, run_id=group.run_id, trial_id__in=list(calls), role="actor")
+        .select_related("org")
+        .order_by("created_at", "id")
+    ):
+        calls[interaction.trial_id].append(interaction)
+    attempts: list[Attempt] = []
+    for trial in trials:
+        attempt = Attempt(trial_id=trial.id, reward=trial.reward, calls=[])
+        if trial.status != TrialStatus.SUCCEEDED:
+            attempt.problem = f"attempt {trial.status}"
+        for interaction in calls[trial.id]:
+            if attempt.problem:
+                break
+            if interaction.eligibility != Eligibility.ELIGIBLE:
+                attempt.problem = f"a model call is not trainable ({interaction.eligibility_reason or 'unsettled'})"
+                break
+            payload = _payload(interaction)
+            attempt.calls.append(
+                Call(
+                    prompt_ids=payload["prompt_ids"],
+                    output_ids=payload["output_ids"],
+                    logprobs=payload["logprobs"],
+                    agent=payload.get("agent_id") or "",
+                )
+            )
+        attempts.append(attempt)
+    return attempts
+
+
+def group_summary(data: GroupData) -> dict[str, Any]:
+    return {
+        "group": data.group_id,
+        "attempts": data.attempts,
+        "qualified": len(data.qualified),
+        "rewards": data.rewards,
+        "datums": len(data.datums),
+        "skipped": data.skipped or None,
+        "problems": data.problems,
+    }

@@ -1,0 +1,335 @@
+"""Learning updates: holding one per process, gathering a step's data, the optimizer step,
+the checkpoint, and what comes after (the next batch or the end of the run).
+
+``update_apply`` joins each attempt's assessment to its captured tokens (publishing any
+evidence still staged), qualifies attempts, applies the plan's eligibility, computes
+group-centred advantages and packs datums (``apps.training.datums``); durably marks the
+update unresolved, runs forward_backward + optim_step, saves sampler weights and trainer
+state, records the checkpoint and settles the update; then the next batch samples from the
+new checkpoint. An update left unresolved (a crash between the optimizer step and the saved
+checkpoint) blocks automatic continuation: the weights are then unknown.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connections, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from apps.core.process import process_alive, process_identity
+from apps.runs.execution import run_complete
+from apps.runs.models import Run, SamplingGroup
+from apps.runs.services import event_append
+from apps.training.clients import client_forget, client_state_note, training_client, weights_persist
+from apps.training.datums import datums_to_tinker, group_prepare
+from apps.training.evidence import group_attempts, group_summary
+from apps.training.models import Checkpoint, LearningUpdate, Trainer, TrainerStatus, UpdateStatus
+from apps.training.services import TrainingFailed, batch_start
+from apps.training.transitions import trainer_transition, update_transition
+
+logger = logging.getLogger(__name__)
+
+
+def update_ttl() -> timedelta:
+    return timedelta(seconds=settings.SYNTH_LEASE_TTL_SECONDS)
+
+
+def _update_take(*, update: LearningUpdate, holder: str) -> bool:
+    """Hold a pending update for this process: one conditional UPDATE, so two deliveries of
+    the same step cannot both run it. A holder whose heartbeat lapsed is gone."""
+    now = timezone.now()
+    taken = (
+        LearningUpdate.objects.filter(pk=update.pk, status=UpdateStatus.PENDING)
+        .filter(Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=now - update_ttl()) | Q(holder=holder))
+        .update(holder=holder, heartbeat_at=now)
+    )
+    return taken == 1
+
+
+def holder_gone(*, update: LearningUpdate, now: datetime) -> bool:
+    if update.heartbeat_at is None or update.heartbeat_at < now - update_ttl():
+        return True
+    return process_alive(identity=update.holder) is False  # known dead on this host: no need to wait
+
+
+class UpdateKeeper(threading.Thread):
+    """Heartbeats a held update while the process applies it."""
+
+    def __init__(self, *, update_id: str, holder: str) -> None:
+        super().__init__(name=f"update-{update_id}", daemon=True)
+        self.update_id = update_id
+        self.holder = holder
+        self.interval = max(0.2, min(settings.SYNTH_LEASE_TTL_SECONDS / 3, 5.0))
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self._halt.wait(self.interval):
+                try:
+                    held = LearningUpdate.objects.filter(
+                        pk=self.update_id,
+                        holder=self.holder,
+                        status__in=[UpdateStatus.PENDING, UpdateStatus.UNRESOLVED],
+                    ).update(heartbeat_at=timezone.now())
+                except Exception:  # a database hiccup: try again next beat, the TTL covers it
+                    logger.exception("heartbeat of update %s failed", self.update_id)
+                    connections.close_all()
+                    continue
+                if not held:
+                    return  # ended or taken over: its final writes will be refused
+        finally:
+            connections.close_all()
+
+    def stop(self) -> None:
+        self._halt.set()
+
+
+def _kl_sample_train(*, datums: list[Any], outputs: list[dict[str, Any]]) -> float | None:
+    """Mean (sampler logprob - trainer logprob) over trained tokens: ~0 when the proxy
+    sampled from exactly the weights the trainer holds (on-policy)."""
+    total, count = 0.0, 0
+    for datum, output in zip(datums, outputs, strict=True):
+        trainer_lp = output["logprobs"].tolist()
+        for i, advantage in enumerate(datum.advantages):
+            if advantage != 0.0:
+                total += datum.logprobs[i] - trainer_lp[i]
+                count += 1
+    return total / count if count else None
+
+
+def update_fail(*, update: LearningUpdate, trainer: Trainer, error: str, blocked: bool) -> None:
+    """End the run on a failed update: failed (nothing changed the weights) or blocked (an
+    optimizer step may have: the update stays unresolved and nobody holds it)."""
+    client_forget(trainer.run_id)  # the run will not continue: free the trainer's memory
+    with transaction.atomic():
+        if blocked:
+            LearningUpdate.objects.filter(pk=update.pk).update(
+                error=error[:20_000], finished_at=timezone.now(), holder="", heartbeat_at=None
+            )
+        else:
+            update_transition(
+                update=update,
+                to=UpdateStatus.FAILED,
+                event="training.update_failed",
+                data={"error": error[:2000]},
+                values={"error": error[:20_000]},
+            )
+        trainer_transition(
+            trainer=trainer,
+            to=TrainerStatus.BLOCKED if blocked else TrainerStatus.FAILED,
+            event="training.blocked" if blocked else "training.failed",
+            data={"step": update.step, "update": update.id, "error": error[:2000]},
+        )
+        run_complete(run_id=trainer.run_id, error=error, extra_summary=training_summary(run_id=trainer.run_id))
+
+
+def update_apply(*, run_id: str, step: int) -> LearningUpdate | None:
+    """Apply the learning update of ``step`` (the trainer must be ``updating``). Safe to
+    deliver twice: one process holds the update at a time, the others return."""
+    trainer = Trainer.objects.select_related("run__spec", "run__org").get(run_id=run_id)
+    if trainer.status != TrainerStatus.UPDATING or trainer.step != step:
+        return None
+    update, _ = LearningUpdate.objects.get_or_create(run=trainer.run, step=step, defaults={"sampler": trainer.sampler})
+    if update.status == UpdateStatus.UNRESOLVED:
+        if not holder_gone(update=update, now=timezone.now()):
+            return None  # a live process is applying it (this is a second delivery)
+        # A previous attempt died between the optimizer step and the saved checkpoint.
+        update_fail(
+            update=update,
+            trainer=trainer,
+            error=f"the update of step {step} was left unresolved: its weights are unknown; continue from "
+            f"the last checkpoint with a new train run",
+            blocked=True,
+        )
+        return update
+    if update.status != UpdateStatus.PENDING:
+        return update
+    holder = process_identity()
+    if not _update_take(update=update, holder=holder):
+        return None  # a live process holds it
+    keeper = UpdateKeeper(update_id=update.id, holder=holder)
+    keeper.start()
+    try:
+        return _update_run(trainer=trainer, update=update, holder=holder)
+    finally:
+        keeper.stop()
+
+
+def _update_run(*, trainer: Trainer, update: LearningUpdate, holder: str) -> LearningUpdate:
+    run = trainer.run
+    plan = run.spec.plan
+    step = update.step
+    eligibility = plan.get("eligibility") or {}
+    started = time.monotonic()
+    try:
+        groups = list(SamplingGroup.objects.filter(run=run, step=step).select_related("run").order_by("position"))
+        prepared = [
+            group_prepare(
+                group_id=group.id,
+                attempts=group_attempts(group=group),
+                min_valid=int(eligibility.get("min_valid_per_group", 2)),
+                require_variance=bool(eligibility.get("require_reward_variance", True)),
+            )
+            for group in groups
+        ]
+    except Exception as exc:  # noqa: BLE001 - any failure to gather data ends the run clearly
+        logger.exception("gathering the data of %s step %s failed", run.id, step)
+        update_fail(update=update, trainer=trainer, error=f"gathering step {step}'s data failed: {exc}", blocked=False)
+        return update
+    datums = [d for g in prepared for d in g.datums]
+    rewards = [r for g in prepared for r in g.rewards]
+    gathered = {
+        "groups": [group_summary(g) for g in prepared],
+        "datums": len(datums),
+        "sampled_tokens": sum(d.sampled_tokens for d in datums),
+    }
+    metrics: dict[str, Any] = {
+        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+        "attempts_qualified": len(rewards),
+        "groups_used": sum(1 for g in prepared if g.datums),
+        "groups_skipped": sum(1 for g in prepared if not g.datums),
+        "gather_seconds": round(time.monotonic() - started, 3),
+    }
+    if not datums:
+        with transaction.atomic():
+            if update_transition(
+                update=update,
+                to=UpdateStatus.SKIPPED,
+                event="training.update_skipped",
+                data={"why": "no group gave a learning signal", **metrics},
+                values={**gathered, "metrics": metrics},
+                holder=holder,
+            ):
+                _advance(run_id=run.id)
+        return update
+
+    # The optimizer step changes weights the database cannot see: record that it is in flight.
+    if not update_transition(
+        update=update,
+        to=UpdateStatus.UNRESOLVED,
+        event="training.update_submitted",
+        data={"datums": len(datums), "sampled_tokens": gathered["sampled_tokens"]},
+        values=gathered,
+        holder=holder,
+    ):
+        logger.warning("the update of %s step %s was taken over before its optimizer step", run.id, step)
+        return update
+    try:
+        from tinker import types
+
+        client = training_client(trainer=trainer, plan=plan)
+        wire = datums_to_tinker(datums)
+        t0 = time.monotonic()
+        backward = client.forward_backward(wire, plan.get("loss", "importance_sampling"))
+        optim = client.optim_step(
+            types.AdamParams(learning_rate=float(plan["learning_rate"]), beta1=0.9, beta2=0.95, eps=1e-8)
+        )
+        backward_out = backward.result()
+        optim_out = optim.result()
+        t1 = time.monotonic()
+        name = f"{step + 1:06d}"
+        sampler_path = client.save_weights_for_sampler(name).result().path
+        state_path = client.save_state(name).result().path
+        snapshot, sha256, size = weights_persist(run=run, path=sampler_path)
+        state_ref, _, _ = weights_persist(run=run, path=state_path)
+        t2 = time.monotonic()
+    except Exception as exc:  # noqa: BLE001 - the weights may or may not have changed
+        logger.exception("the update of %s step %s failed", run.id, step)
+        client_forget(run.id)
+        update_fail(update=update, trainer=trainer, error=f"the update of step {step} failed: {exc}", blocked=True)
+        return update
+    metrics.update(
+        {
+            "loss_sum": backward_out.metrics.get("loss:sum"),
+            "grad_norm": (optim_out.metrics or {}).get("optim/grad_norm"),
+            "kl_sample_train": _kl_sample_train(datums=datums, outputs=backward_out.loss_fn_outputs),
+            "train_seconds": round(t1 - t0, 3),
+            "save_seconds": round(t2 - t1, 3),
+        }
+    )
+    with transaction.atomic():
+        parent_id = (trainer.sampler or {}).get("checkpoint")
+        checkpoint = Checkpoint.objects.create(
+            org=run.org,
+            run=run,
+            step=step + 1,
+            backend=trainer.backend,
+            route=trainer.route,
+            base_model=trainer.base_model,
+            lora_rank=int(plan.get("lora_rank", 32)),
+            snapshot=snapshot,
+            state_path=state_ref,
+            sha256=sha256,
+            size=size,
+            parent_id=parent_id,
+            milestone=(step + 1) % int(plan.get("save_every", 5)) == 0 or step + 1 >= int(plan["steps"]),
+        )
+        if not update_transition(
+            update=update,
+            to=UpdateStatus.APPLIED,
+            event="training.update_applied",
+            data={"datums": len(datums), **metrics},
+            values={"metrics": metrics, "checkpoint": checkpoint},
+            holder=holder,
+        ):
+            # The sweeper blocked the run meanwhile (this process' heartbeat lapsed): the
+            # run has ended, so these weights are not recorded as its progress.
+            logger.warning("the update of %s step %s was blocked before it was confirmed", run.id, step)
+            transaction.set_rollback(True)
+            return update
+        trainer.sampler = checkpoint.binding()
+        trainer.state_path = state_ref
+        trainer.save(update_fields=["sampler", "state_path", "updated_at"])
+        event_append(
+            run_id=run.id,
+            type="checkpoint.saved",
+            data={"checkpoint": checkpoint.id, "step": checkpoint.step, "snapshot": snapshot, "sha256": sha256},
+        )
+        client_state_note(run_id=run.id, state_path=state_ref)
+        _advance(run_id=run.id)
+    return update
+
+
+def _advance(*, run_id: str) -> None:
+    """After an update: the next batch, or the end of the run. Caller is in a transaction."""
+    run = Run.objects.select_for_update(of=("self",)).select_related("spec").get(pk=run_id)
+    trainer = Trainer.objects.select_for_update().get(run=run)
+    trainer.step += 1
+    trainer.save(update_fields=["step", "updated_at"])
+    if trainer.step >= int(run.spec.plan["steps"]) or run.cancel_requested_at is not None or run.is_terminal:
+        trainer_transition(trainer=trainer, to=TrainerStatus.DONE, event="training.done")
+        transaction.on_commit(lambda: client_forget(run_id))
+        if not run.is_terminal:
+            run_complete(run_id=run_id, extra_summary=training_summary(run_id=run_id))
+        return
+    trainer_transition(
+        trainer=trainer, to=TrainerStatus.SAMPLING, event="training.sampling", data={"sampler": trainer.sampler}
+    )
+    try:
+        batch_start(run=run, trainer=trainer)
+    except TrainingFailed as exc:
+        trainer_transition(trainer=trainer, to=TrainerStatus.FAILED, event="training.failed", data={"error": str(exc)})
+        run_complete(run_id=run_id, error=str(exc), extra_summary=training_summary(run_id=run_id))
+
+
+def training_summary(*, run_id: str) -> dict[str, Any]:
+    """The train run's learning, for its summary: per step reward, and the checkpoints."""
+    updates = list(LearningUpdate.objects.filter(run_id=run_id).order_by("step"))
+    checkpoints = list(Checkpoint.objects.filter(run_id=run_id).order_by("step").values_list("id", flat=True))
+    return {
+        "training": {
+            "steps": len(updates),
+            "applied": sum(1 for u in updates if u.status == UpdateStatus.APPLIED),
+            "skipped": sum(1 for u in updates if u.status == UpdateStatus.SKIPPED),
+            "reward_by_step": [u.metrics.get("reward_mean") for u in updates],
+            "checkpoints": checkpoints,
+            "final_checkpoint": checkpoints[-1] if checkpoints else None,
+        }
+    }
