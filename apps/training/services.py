@@ -40,9 +40,10 @@ from apps.objects.selectors import object_get
 from apps.objects.services import object_put, object_read
 from apps.proxy.capture import interaction_publish
 from apps.proxy.models import Eligibility, Integrity, Interaction, ModelRoute
-from apps.runs.execution import batch_add, run_complete
+from apps.runs.dispatch import batch_add
 from apps.runs.models import GroupStatus, Run, RunKind, RunStatus, SamplingGroup, TrialStatus
 from apps.runs.services import event_append
+from apps.runs.settlement import run_complete
 from apps.runs.sweeper import sweep_note
 from apps.training.backends import BackendUnavailable, backend_service, base_model_name
 from apps.training.backends.local import LOCAL_SCHEME, path_dir

@@ -36,9 +36,9 @@ from apps.core.errors import NotFound, StaleLease
 from apps.datasets.services import task_version_materialize
 from apps.objects.services import object_put
 from apps.runs.evaluation import VERIFIER_ERROR
-from apps.runs.execution import TrialOutcome, trial_claim, trial_complete, trial_mark_running
+from apps.runs.leases import lease_heartbeat, lease_report, trial_claim, trial_complete, trial_mark_running
 from apps.runs.models import Artifact, Lease, LeaseStatus, Reservation, RunKind, Trial, TrialStatus, WorkerNode
-from apps.runs.services import lease_heartbeat, lease_report
+from apps.runs.settlement import TrialOutcome
 from apps.trials.admission import (
     Budget,
     Need,

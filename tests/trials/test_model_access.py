@@ -20,7 +20,7 @@ from apps.proxy.credentials import caller_authenticate
 from apps.proxy.errors import AuthenticationFailed
 from apps.proxy.services import route_upsert
 from apps.runs import tasks as run_tasks
-from apps.runs.execution import run_dispatch
+from apps.runs.dispatch import run_dispatch
 from apps.runs.models import Trial
 from apps.runs.services import run_schedule
 from apps.trials import tasks as trial_tasks
