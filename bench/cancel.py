@@ -10,7 +10,7 @@ Then cancels the run as the API does and settles the rest as the control queue d
 the cancel's message (the task ``runs.cancel_settle``, called here; the broker is in
 memory). Each "worker", once its heartbeat answers cancel_requested, stops its sandbox
 (``--stop`` seconds, heartbeating meanwhile) and completes its trial as cancelled, as
-apps.trials.worker does; the run ends cancelled with the last one.
+apps.trials.pipeline does; the run ends cancelled with the last one.
 
 Prints the time from the cancel request to the run's `cancelled`, the time the request
 itself took, the longest hold of the run row's lock and the longest single transaction

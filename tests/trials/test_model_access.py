@@ -33,7 +33,7 @@ from apps.trials.model_access import (
     model_access_open,
     sandbox_model_options,
 )
-from apps.trials.worker import trial_execute
+from apps.trials.pipeline import trial_execute
 from tests.factories import make_dataset_of, make_profile_version, make_task_version_unchecked
 
 ROUTE = "qwen3-unit"
