@@ -10,7 +10,7 @@ Then cancels the run as the API does and settles the rest as the control queue d
 the cancel's message (the task ``runs.cancel_settle``, called here; the broker is in
 memory). Each "worker", once its heartbeat answers cancel_requested, stops its sandbox
 (``--stop`` seconds, heartbeating meanwhile) and completes its trial as cancelled, as
-apps.trials.worker does; the run ends cancelled with the last one.
+apps.trials.pipeline does; the run ends cancelled with the last one.
 
 Prints the time from the cancel request to the run's `cancelled`, the time the request
 itself took, the longest hold of the run row's lock and the longest single transaction
@@ -97,8 +97,8 @@ class Worker(threading.Thread):
     def run(self) -> None:
         from django.db import connection, connections
 
-        from apps.runs.execution import TrialOutcome, trial_complete
-        from apps.runs.services import lease_heartbeat
+        from apps.runs.leases import lease_heartbeat, trial_complete
+        from apps.runs.settlement import TrialOutcome
 
         try:
             with connection.execute_wrapper(self.clock):
@@ -129,7 +129,7 @@ class Worker(threading.Thread):
 
 def make_run(*, tasks: int, attempts: int, running: int) -> tuple[Any, Any]:
     from apps.accounts.services import membership_set, org_get_or_create
-    from apps.runs.execution import run_dispatch
+    from apps.runs.dispatch import run_dispatch
     from apps.runs.models import Run
     from apps.runs.services import run_schedule, run_submit
     from tests.factories import make_dataset_version, make_profile_version
@@ -171,7 +171,7 @@ def main() -> None:
 
     call_command("migrate", verbosity=0)
     from apps.accounts.services import worker_get_or_create
-    from apps.runs.execution import trial_claim, trial_mark_running
+    from apps.runs.leases import trial_claim, trial_mark_running
     from apps.runs.models import Lease, Run, Trial
     from apps.runs.services import run_cancel
     from apps.runs.tasks import run_cancel_settle_task

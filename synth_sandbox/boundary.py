@@ -17,7 +17,7 @@ Harbor's own verifier failures (no reward file, an unparsable one, a timeout) ar
 errors too. :meth:`TrialBoundary.verifier_failure` says which, with the last lines of the
 verifier's output; the caller records it instead of the rewards.
 
-Used by the trials worker (apps.trials.worker) and by ``synth agent run``; Django-free.
+Used by the trials worker (apps.trials.pipeline) and by ``synth agent run``; Django-free.
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ def task_verifier_fresh(*, task_dir: Path) -> None:
     """Make a (materialized, private) task verify in a fresh environment of its own: Harbor's
     separate verifier mode, built from the task's environment definition. The agent's
     environment, and every process and file it left there outside what is handed over (its
-    declared artifacts, and the workdir: see apps.trials.worker), is gone before the tests run."""
+    declared artifacts, and the workdir: see apps.trials.harbor_config), is gone before the tests run."""
     from harbor.models.task.config import TaskConfig
 
     path = task_dir / "task.toml"

@@ -96,7 +96,7 @@ def make_train_run(*, org: Organization, tasks: int = 3, **plan: Any) -> Any:
     """A train run admitted, scheduled and dispatched on the default route (no broker: the
     on-commit enqueues do not fire in these tests), with ``plan`` over two steps of 2x2."""
     from apps.proxy.routes import DEFAULT_ROUTE, route_upsert
-    from apps.runs.execution import run_dispatch
+    from apps.runs.dispatch import run_dispatch
     from apps.runs.models import Run
     from apps.runs.services import run_schedule, run_submit
 

@@ -7,7 +7,8 @@ from django.contrib import admin
 from django.urls import reverse
 
 from apps.accounts.services import worker_get_or_create
-from apps.runs.execution import run_dispatch, trial_claim
+from apps.runs.dispatch import run_dispatch
+from apps.runs.leases import trial_claim
 from apps.runs.services import run_schedule
 from apps.trials.admission import Budget, Need, admission_request, node_register
 

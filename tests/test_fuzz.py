@@ -32,9 +32,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apps.accounts.services import worker_get_or_create, worker_token_issue
+from apps.runs.leases import lease_claim
 from apps.runs.models import Run, RunStatus
 from apps.runs.plans import PLAN_SCHEMAS
-from apps.runs.services import lease_claim, run_schedule
+from apps.runs.services import run_schedule
 from tests.conftest import make_member
 from tests.factories import make_dataset_version, make_profile_version
 from tests.proxy.conftest import _isolate, make_route, qwen3_tokenizer  # noqa: F401 - fixtures

@@ -20,7 +20,7 @@ from apps.accounts.permissions import IsWorker
 from apps.core.fields import IntegerField
 from apps.core.inputs import query_int
 from apps.core.pagination import IdCursorPagination, OldestFirstPagination
-from apps.runs import selectors, services
+from apps.runs import leases, selectors, services
 from apps.runs.models import TERMINAL_STATUSES, Lease, Run, RunEvent
 
 
@@ -261,7 +261,7 @@ class WorkerClaimApi(APIView):
     def post(self, request: Request) -> Response:
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        lease = services.lease_claim(worker=request.auth.worker, unit=data.validated_data["unit"])
+        lease = leases.lease_claim(worker=request.auth.worker, unit=data.validated_data["unit"])
         if lease is None:
             return Response(status=status.HTTP_204_NO_CONTENT)
         run = Run.objects.select_related("spec", "spec__actor_version__profile", "spec__judge_version__profile").get(
@@ -285,7 +285,7 @@ class WorkerHeartbeatApi(_LeaseApi):
     def post(self, request: Request, lease_id: str) -> Response:
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        result = services.lease_heartbeat(worker=request.auth.worker, lease_id=lease_id, **data.validated_data)
+        result = leases.lease_heartbeat(worker=request.auth.worker, lease_id=lease_id, **data.validated_data)
         return Response(
             {
                 "expires_at": result.expires_at,
@@ -307,7 +307,7 @@ class WorkerReportApi(_LeaseApi):
     def post(self, request: Request, lease_id: str) -> Response:
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        applied = services.lease_report(worker=request.auth.worker, lease_id=lease_id, **data.validated_data)
+        applied = leases.lease_report(worker=request.auth.worker, lease_id=lease_id, **data.validated_data)
         return Response({"applied": applied})
 
 
@@ -325,7 +325,7 @@ class WorkerCompleteApi(_LeaseApi):
     def post(self, request: Request, lease_id: str) -> Response:
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        run = services.lease_complete(worker=request.auth.worker, lease_id=lease_id, **data.validated_data)
+        run = leases.lease_complete(worker=request.auth.worker, lease_id=lease_id, **data.validated_data)
         return Response({"run": run.id, "status": run.status})
 
 
@@ -341,7 +341,7 @@ class WorkerReleaseApi(_LeaseApi):
     def post(self, request: Request, lease_id: str) -> Response:
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        run = services.lease_release(worker=request.auth.worker, lease_id=lease_id, **data.validated_data)
+        run = leases.lease_release(worker=request.auth.worker, lease_id=lease_id, **data.validated_data)
         return Response({"run": run.id, "status": run.status})
 
 

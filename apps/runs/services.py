@@ -1,61 +1,36 @@
-"""Writes for runs: admission, events, cancellation, leases and the reaper.
+"""Writes for runs: admission (submission, regrade), scheduling and cancellation.
 
-Lock order everywhere: a worker node's row (admission only) first, then the Run row, then
-its Lease rows, then its trials, groups and reservations. Every event append takes the run
-row's lock (it bumps `last_event_seq`), so events of one run commit in sequence order and a
-reader never sees seq N+1 before seq N. Status changes go through apps.runs.transitions
-(claims, each with its event). A heartbeat takes no run lock: it is one conditional UPDATE
-of its lease, so it never waits behind a cancel or a settlement of the run.
+Expansion into trials is apps.runs.dispatch, settlement apps.runs.settlement, leases and
+the reaper apps.runs.leases. Lock order everywhere: a worker node's row (admission only)
+first, then the Run row, then its Lease rows, then its trials, groups and reservations.
+Every event append takes the run row's lock (it bumps `last_event_seq`), so events of one
+run commit in sequence order and a reader never sees seq N+1 before seq N. Status changes
+go through apps.runs.transitions (claims, each with its event).
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
-from django.db.models import Max
 from django.utils import timezone
 
-from apps.accounts.models import Organization, WorkerIdentity
-from apps.core.errors import Conflict, NotFound, StaleLease, ValidationFailed
+from apps.accounts.models import Organization
+from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.datasets.services import dataset_version_local_check, dataset_version_resolve
 from apps.profiles.models import ProfileVersion
 from apps.profiles.selectors import profile_version_get, profile_version_recipe
 from apps.runs.bindings import model_binding_resolve
 from apps.runs.events import event_append, events_append
-from apps.runs.models import (
-    TERMINAL_STATUSES,
-    Artifact,
-    Lease,
-    LeaseStatus,
-    LeaseWrite,
-    Run,
-    RunKind,
-    RunSpec,
-    RunStatus,
-)
+from apps.runs.models import TERMINAL_STATUSES, Artifact, Run, RunKind, RunSpec, RunStatus
 from apps.runs.plans import plan_normalize, plan_uses_local_sandbox
-from apps.runs.transitions import lease_transition, run_transition
+from apps.runs.settlement import run_cancel_settle
+from apps.runs.transitions import run_transition
 from synth_common.canonical import canonical_digest
 
-logger = logging.getLogger(__name__)
-
 __all__ = ["event_append", "events_append"]  # re-exported: the events API callers know
-
-# Event types a worker may append through its lease; lifecycle events are the platform's.
-WORKER_EVENT_PREFIXES = (
-    "progress.",
-    "group.",
-    "trial.",
-    "admission.",
-    "artifact.",
-    "log.",
-)
 
 # A cancel settles this many not-started trials in the caller (each batch its own short
 # transaction); the control queue settles the rest (runs.cancel_settle), the sweeper
@@ -369,239 +344,9 @@ def run_cancel(*, org: Organization, run_id: str, reason: str = "cancelled by op
     if run is None:
         raise NotFound(f"run {run_id} not found")
     if _cancel_mark(run=run, reason=reason):
-        from apps.runs.execution import run_cancel_settle
-
         if not run_cancel_settle(run_id=run.id, max_batches=CANCEL_INLINE_BATCHES):
             from apps.runs.tasks import run_cancel_settle_task
 
             transaction.on_commit(lambda: run_cancel_settle_task.delay(run.id))
     run.refresh_from_db()
     return run
-
-
-# --------------------------------------------------------------------------- leases
-
-
-def _lease_ttl() -> timedelta:
-    return timedelta(seconds=settings.SYNTH_LEASE_TTL_SECONDS)
-
-
-def lease_claim(*, worker: WorkerIdentity, unit: str = "run") -> Lease | None:
-    """Claim the oldest queued run this worker may serve; None when there is none."""
-    now = timezone.now()
-    with transaction.atomic():
-        candidates = Run.objects.filter(status=RunStatus.QUEUED)
-        if worker.org_id is not None:
-            candidates = candidates.filter(org_id=worker.org_id)
-        # SKIP LOCKED: concurrent claimers take different runs instead of queueing behind
-        # one another (a no-op on SQLite, where writers are serialized anyway).
-        run = candidates.select_for_update(skip_locked=True).order_by("id").first()
-        if run is None:
-            return None
-        fence = (Lease.objects.filter(run=run, unit=unit).aggregate(m=Max("fence"))["m"] or 0) + 1
-        lease = Lease.objects.create(
-            run=run,
-            unit=unit,
-            worker=worker,
-            fence=fence,
-            heartbeat_at=now,
-            expires_at=now + _lease_ttl(),
-        )
-        first_start = run.started_at is None
-        run_transition(
-            run=run,
-            to=RunStatus.RUNNING,
-            source={RunStatus.QUEUED},
-            event="lease.acquired",
-            data={"lease": lease.id, "unit": unit, "fence": fence, "worker": worker.name},
-        )
-        if first_start:
-            event_append(run_id=run.id, type="run.started", data={})
-    return lease
-
-
-def _locked_active_lease(*, lease_id: str, fence: int, worker: WorkerIdentity) -> tuple[Run, Lease]:
-    """Lock run then lease and check that the caller holds the active lease at `fence`."""
-    lease = Lease.objects.filter(pk=lease_id, worker=worker).only("run_id").first()
-    if lease is None:
-        raise NotFound(f"lease {lease_id} not found")
-    run = Run.objects.select_for_update().get(pk=lease.run_id)
-    lease = Lease.objects.select_for_update().get(pk=lease_id)
-    _lease_check(lease=lease, fence=fence)
-    return run, lease
-
-
-def _lease_check(*, lease: Lease, fence: int) -> None:
-    if lease.fence != fence:
-        raise StaleLease(
-            f"fence {fence} does not match lease {lease.id} (fence {lease.fence})",
-            field="fence",
-        )
-    if lease.status != LeaseStatus.ACTIVE:
-        raise StaleLease(f"lease {lease.id} is {lease.status}; a newer holder may own this work")
-    if lease.expires_at <= timezone.now():
-        raise StaleLease(f"lease {lease.id} expired at {lease.expires_at.isoformat()}")
-
-
-@dataclass(frozen=True)
-class HeartbeatResult:
-    expires_at: Any
-    cancel_requested: bool
-
-
-def lease_heartbeat(*, worker: WorkerIdentity, lease_id: str, fence: int) -> HeartbeatResult:
-    """Extend the caller's live lease. One conditional UPDATE of the lease row and no run
-    lock: a heartbeat never queues behind a cancel or a settlement of the same run. The
-    reaper expires a lease under that row's lock, so the two cannot both win."""
-    now = timezone.now()
-    expires_at = now + _lease_ttl()
-    extended = Lease.objects.filter(
-        pk=lease_id, worker=worker, fence=fence, status=LeaseStatus.ACTIVE, expires_at__gt=now
-    ).update(heartbeat_at=now, expires_at=expires_at)
-    if not extended:
-        lease = Lease.objects.filter(pk=lease_id, worker=worker).first()
-        if lease is None:
-            raise NotFound(f"lease {lease_id} not found")
-        _lease_check(lease=lease, fence=fence)
-        raise StaleLease(f"lease {lease.id} could not be extended")  # it changed between the two reads
-    cancel_requested = Run.objects.filter(leases__pk=lease_id, cancel_requested_at__isnull=False).exists()
-    return HeartbeatResult(expires_at=expires_at, cancel_requested=cancel_requested)
-
-
-def lease_report(
-    *,
-    worker: WorkerIdentity,
-    lease_id: str,
-    fence: int,
-    local_seq: int,
-    events: list[dict[str, Any]],
-) -> bool:
-    """Apply a progress write under the lease. Returns False when (lease, local_seq) was
-    already applied: a retried write is acknowledged, not repeated."""
-    for i, event in enumerate(events):
-        etype = event.get("type") if isinstance(event, dict) else None
-        if not isinstance(etype, str) or not etype.startswith(WORKER_EVENT_PREFIXES):
-            raise ValidationFailed(
-                f"events[{i}].type must start with one of {', '.join(WORKER_EVENT_PREFIXES)}",
-                field=f"events[{i}].type",
-            )
-        if not isinstance(event.get("data", {}), dict):
-            raise ValidationFailed(f"events[{i}].data must be an object", field=f"events[{i}].data")
-    with transaction.atomic():
-        run, lease = _locked_active_lease(lease_id=lease_id, fence=fence, worker=worker)
-        if LeaseWrite.objects.filter(lease=lease, local_seq=local_seq).exists():
-            return False
-        LeaseWrite.objects.create(lease=lease, local_seq=local_seq)
-        for event in events:
-            event_append(run_id=run.id, type=event["type"], data=event.get("data") or {})
-    return True
-
-
-def lease_complete(
-    *,
-    worker: WorkerIdentity,
-    lease_id: str,
-    fence: int,
-    outcome: str,
-    summary: dict[str, Any] | None = None,
-    error: str = "",
-) -> Run:
-    """End the run under its active lease: both move together in one transaction."""
-    if outcome not in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED):
-        raise ValidationFailed("outcome must be succeeded, failed or cancelled", field="outcome")
-    with transaction.atomic():
-        run, lease = _locked_active_lease(lease_id=lease_id, fence=fence, worker=worker)
-        if lease.unit.startswith("trial:"):
-            raise Conflict(f"lease {lease.id} holds one trial: it ends with that trial, not with the run")
-        lease_transition(lease=lease, to=LeaseStatus.COMPLETED, event="lease.completed")
-        summary = summary or {}
-        run_transition(
-            run=run,
-            to=outcome,
-            source={RunStatus.RUNNING, RunStatus.CANCELLING},
-            event=f"run.{outcome}",
-            data={"summary": summary, "error": error or None},
-            values={"summary": summary, "error": error},
-        )
-    return run
-
-
-def lease_release(*, worker: WorkerIdentity, lease_id: str, fence: int, reason: str = "") -> Run:
-    """Give the work back (e.g. a worker shutting down): the run is queued again."""
-    with transaction.atomic():
-        run, lease = _locked_active_lease(lease_id=lease_id, fence=fence, worker=worker)
-        lease_transition(lease=lease, to=LeaseStatus.RELEASED, event="lease.released", data={"reason": reason})
-        _work_return(run=run, lease=lease, why="its lease was released")
-    return run
-
-
-def _work_return(*, run: Run, lease: Lease, why: str) -> None:
-    """What a lease held goes back when the lease ends without an outcome: its reservations
-    are released, a trial is requeued (or lost, or cancelled), a whole run queued again."""
-    from apps.trials.admission import reservations_release
-
-    reservations_release(lease=lease, why=why)
-    if lease.unit.startswith("trial:"):
-        from apps.runs.execution import trial_lease_lapsed
-
-        trial_lease_lapsed(run=run, lease=lease)
-    else:
-        _return_to_queue(run=run)
-
-
-def _return_to_queue(*, run: Run) -> None:
-    """A whole-run lease ended without an outcome: queue the run again, or end it if a
-    cancel was requested meanwhile. Caller holds the run lock."""
-    if run.cancel_requested_at is not None:
-        run_transition(
-            run=run,
-            to=RunStatus.CANCELLED,
-            source={RunStatus.CANCELLING},
-            event="run.cancelled",
-            data={"reason": "cancelled while its holder was gone"},
-        )
-    else:
-        run_transition(run=run, to=RunStatus.QUEUED, source={RunStatus.RUNNING}, event="run.requeued")
-
-
-def lease_lapse(*, run: Run, lease: Lease, now: Any) -> bool:
-    """Expire a lapsed lease with what it held, in the caller's transaction: its
-    reservations are released, and its work is requeued, lost or cancelled. False if the
-    lease was not lapsed (its holder heartbeated or ended it meanwhile). Caller holds the
-    run and lease locks."""
-    if not lease_transition(
-        lease=lease,
-        to=LeaseStatus.EXPIRED,
-        event="lease.expired",
-        data={"reason": "no heartbeat"},
-        where={"expires_at__lte": now},
-    ):
-        return False
-    # A trial's worker vanished: retry or lose the trial, per the plan.
-    _work_return(run=run, lease=lease, why="its lease expired")
-    return True
-
-
-def leases_reap(*, now: Any = None, limit: int = 500) -> list[tuple[str, str]]:
-    """Expire lapsed leases and return their work to the queue; returns the (run, lease)
-    pairs reaped. Safe to run concurrently (each lease is re-checked under its lock)."""
-    now = now or timezone.now()
-    reaped = []
-    lapsed = list(
-        Lease.objects.filter(status=LeaseStatus.ACTIVE, expires_at__lte=now)
-        .order_by("expires_at")
-        .values_list("id", "run_id")[:limit]
-    )
-    for lease_id, run_id in lapsed:
-        with transaction.atomic():
-            run = Run.objects.select_for_update(of=("self",)).select_related("spec").get(pk=run_id)
-            lease = Lease.objects.select_for_update().get(pk=lease_id)
-            if lease_lapse(run=run, lease=lease, now=now):
-                reaped.append((run_id, lease_id))
-    if reaped:
-        logger.info("reaped %d lapsed leases", len(reaped))
-    return reaped
-
-
-def lease_reap(*, now: Any = None) -> int:
-    return len(leases_reap(now=now))

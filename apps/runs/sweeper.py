@@ -22,7 +22,7 @@ How "the message was lost" is known, kind by kind:
   leases have all ended but which are not finished (no grace: these never last);
 * reservations whose lease ended or whose trial ended, on any node.
 
-Leases whose holder stopped heartbeating are reaped first (apps.runs.services.leases_reap);
+Leases whose holder stopped heartbeating are reaped first (apps.runs.leases.leases_reap);
 apps built on runs (training) add their own re-drives through ``signals.sweep_tick``.
 """
 
@@ -40,7 +40,9 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from apps.runs import signals
+from apps.runs.dispatch import run_dispatch, trials_enqueue
 from apps.runs.events import event_append
+from apps.runs.leases import leases_reap
 from apps.runs.models import (
     TRIAL_TERMINAL,
     GroupStatus,
@@ -55,10 +57,11 @@ from apps.runs.models import (
     Trial,
     TrialStatus,
 )
+from apps.runs.services import run_schedule
+from apps.runs.settlement import LIVE_TRIAL, groups_settle_ended, run_cancel_settle, run_end_if_idle
 
 logger = logging.getLogger(__name__)
 
-LIVE_TRIAL = (TrialStatus.PENDING, TrialStatus.WAITING, TrialStatus.RUNNING)
 # Expanding a run is the heaviest re-drive: fewer of them per tick.
 DISPATCHES_PER_TICK = 10
 
@@ -131,8 +134,6 @@ def sweep_tick(*, now: datetime | None = None, limit: int | None = None) -> dict
 
 
 def _leases(*, counts: dict[str, int], now: datetime, limit: int) -> None:
-    from apps.runs.services import leases_reap
-
     by_run: dict[str, list[str]] = defaultdict(list)
     for run_id, lease_id in leases_reap(now=now, limit=limit):
         by_run[run_id].append(lease_id)
@@ -167,8 +168,6 @@ def _reservations(*, counts: dict[str, int], limit: int) -> None:
 
 
 def _runs_accepted(*, counts: dict[str, int], now: datetime, limit: int) -> None:
-    from apps.runs.services import run_schedule
-
     stuck = list(
         Run.objects.filter(status=RunStatus.ACCEPTED, created_at__lt=now - _grace())
         .order_by("created_at")
@@ -187,8 +186,6 @@ def _runs_accepted(*, counts: dict[str, int], now: datetime, limit: int) -> None
 
 
 def _runs_queued(*, counts: dict[str, int], now: datetime, limit: int) -> None:
-    from apps.runs.execution import run_dispatch
-
     stuck = list(
         Run.objects.filter(status=RunStatus.QUEUED, updated_at__lt=now - _grace())
         .exclude(Exists(Trial.objects.filter(run=OuterRef("pk"))))
@@ -213,8 +210,6 @@ def _runs_queued(*, counts: dict[str, int], now: datetime, limit: int) -> None:
 
 
 def _runs_cancelling(*, counts: dict[str, int], now: datetime, limit: int) -> None:
-    from apps.runs.execution import run_cancel_settle
-
     stuck = list(
         Run.objects.filter(status=RunStatus.CANCELLING, cancel_requested_at__lt=now - _grace())
         .filter(Exists(Trial.objects.filter(run=OuterRef("pk"), status=TrialStatus.PENDING)))
@@ -285,8 +280,6 @@ def _trials_lost_messages(*, counts: dict[str, int], now: datetime, limit: int) 
 def _trials_never_handed_over(*, counts: dict[str, int], limit: int) -> None:
     """Running runs with trials never handed over while they have room: the enqueue that
     follows a trial's end (or requeue) was lost with its process."""
-    from apps.runs.execution import trials_enqueue
-
     candidates = list(
         Run.objects.filter(status=RunStatus.RUNNING)
         .filter(Exists(Trial.objects.filter(run=OuterRef("pk"), status=TrialStatus.PENDING, queued_at__isnull=True)))
@@ -313,8 +306,6 @@ def _trials_never_handed_over(*, counts: dict[str, int], limit: int) -> None:
 
 
 def _groups_ended(*, counts: dict[str, int], limit: int) -> None:
-    from apps.runs.execution import groups_settle_ended
-
     stuck = list(
         SamplingGroup.objects.filter(status__in=[GroupStatus.PENDING, GroupStatus.RUNNING])
         .filter(Exists(Trial.objects.filter(group=OuterRef("pk"))))
@@ -348,8 +339,6 @@ def _groups_ended(*, counts: dict[str, int], limit: int) -> None:
 
 
 def _runs_ended(*, counts: dict[str, int], limit: int) -> None:
-    from apps.runs.execution import _run_end_if_idle
-
     stuck = list(
         Run.objects.filter(status__in=[RunStatus.RUNNING, RunStatus.CANCELLING])
         # A running train run ends when its learner says so (the training sweep covers it).
@@ -363,7 +352,7 @@ def _runs_ended(*, counts: dict[str, int], limit: int) -> None:
 
     def finish(run_id: str) -> bool:
         def redrive() -> bool:
-            return _run_end_if_idle(run=Run.objects.select_for_update(of=("self",)).get(pk=run_id))
+            return run_end_if_idle(run=Run.objects.select_for_update(of=("self",)).get(pk=run_id))
 
         return _noted(
             run_id=run_id,

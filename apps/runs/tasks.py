@@ -22,7 +22,7 @@ def run_schedule_task(run_id: str) -> None:
 @shared_task(name="runs.dispatch", acks_late=True, soft_time_limit=120, time_limit=180)
 def run_dispatch_task(run_id: str) -> None:
     # Idempotent: expansion happens once, guarded by the run's status.
-    from apps.runs.execution import run_dispatch
+    from apps.runs.dispatch import run_dispatch
 
     run_dispatch(run_id=run_id)
 
@@ -31,7 +31,7 @@ def run_dispatch_task(run_id: str) -> None:
 # that one message stays bounded. Idempotent: only pending trials are settled.
 @shared_task(name="runs.cancel_settle", acks_late=True, soft_time_limit=120, time_limit=180)
 def run_cancel_settle_task(run_id: str) -> None:
-    from apps.runs.execution import run_cancel_settle
+    from apps.runs.settlement import run_cancel_settle
 
     if not run_cancel_settle(run_id=run_id, max_batches=50):
         run_cancel_settle_task.delay(run_id)

@@ -24,9 +24,10 @@ from django.conf import settings
 from django.db import transaction
 
 from apps.proxy.models import ModelRoute
-from apps.runs.execution import batch_add, run_complete
+from apps.runs.dispatch import batch_add
 from apps.runs.models import GroupStatus, Run, RunStatus, SamplingGroup
 from apps.runs.services import event_append
+from apps.runs.settlement import run_complete
 from apps.training.backends import BackendUnavailable, backend_service, base_model_name
 from apps.training.models import Checkpoint, Trainer, TrainerStatus
 from apps.training.transitions import trainer_transition

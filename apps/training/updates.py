@@ -24,9 +24,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.core.process import process_alive, process_identity
-from apps.runs.execution import run_complete
 from apps.runs.models import Run, SamplingGroup
 from apps.runs.services import event_append
+from apps.runs.settlement import run_complete
 from apps.training.clients import client_forget, client_state_note, training_client, weights_persist
 from apps.training.datums import datums_to_tinker, group_prepare
 from apps.training.evidence import group_attempts, group_summary

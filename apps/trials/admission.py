@@ -18,7 +18,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
@@ -66,6 +68,30 @@ def node_register(*, name: str, budget: Budget) -> WorkerNode:
         },
     )
     return node
+
+
+def node_current() -> WorkerNode:
+    """This worker's node, registered with the budget its settings give it."""
+    return node_register(
+        name=settings.SYNTH_WORKER_NAME,
+        budget=Budget(
+            slots=settings.SYNTH_WORKER_SLOTS,
+            cpus=settings.SYNTH_WORKER_CPUS,
+            memory_mb=settings.SYNTH_WORKER_MEMORY_MB,
+            storage_mb=settings.SYNTH_WORKER_STORAGE_MB,
+        ),
+    )
+
+
+def trial_need(*, trial: Trial, plan: dict[str, Any]) -> Need:
+    """What the trial's task asks for (its task.toml), with the plan's overrides."""
+    overrides = plan.get("resources") or {}
+    tv = trial.task_version
+    return Need(
+        cpus=float(overrides.get("cpus", tv.cpus)),
+        memory_mb=int(overrides.get("memory_mb", tv.memory_mb)),
+        storage_mb=int(overrides.get("storage_mb", tv.storage_mb)),
+    )
 
 
 def node_usage(*, node: WorkerNode) -> dict[str, float | int]:

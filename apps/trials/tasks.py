@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
     time_limit=24 * 3600 + 120,
 )
 def trial_execute_task(trial_id: str) -> None:
-    from apps.trials.worker import trial_execute
+    from apps.trials.pipeline import trial_execute
 
     trial_execute(trial_id=trial_id)
 

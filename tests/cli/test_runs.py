@@ -138,7 +138,7 @@ def test_regrade_submits_a_judged_rerun_of_retained_work(synth, alice, dataset, 
     assert one_line(result.stderr).startswith(f"synth: run {run_id} is ") and "once it has ended" in result.stderr
 
     # The run ends with one attempt's workdir retained (as a worker would have stored it).
-    from apps.runs.execution import run_dispatch
+    from apps.runs.dispatch import run_dispatch
 
     Run.objects.filter(pk=run_id).update(status="queued")
     run_dispatch(run_id=run_id)

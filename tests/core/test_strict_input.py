@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from apps.runs.services import lease_claim, run_schedule
+from apps.runs.leases import lease_claim
+from apps.runs.services import run_schedule
 from tests.factories import make_dataset_version
 
 pytestmark = pytest.mark.django_db

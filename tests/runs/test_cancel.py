@@ -12,18 +12,14 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from apps.accounts.services import worker_get_or_create
-from apps.runs import execution, services
-from apps.runs.execution import (
-    TrialOutcome,
-    run_cancel_settle,
-    run_dispatch,
-    trial_claim,
-    trial_complete,
-    trial_mark_running,
-)
+from apps.runs import services, settlement
+from apps.runs.dispatch import run_dispatch
+from apps.runs.leases import lease_heartbeat, trial_claim, trial_complete, trial_mark_running
 from apps.runs.models import Lease, Run, RunEvent, RunStatus, SamplingGroup, Trial, TrialStatus
-from apps.runs.services import lease_heartbeat, run_cancel, run_schedule, run_submit
+from apps.runs.services import run_cancel, run_schedule, run_submit
+from apps.runs.settlement import TrialOutcome, run_cancel_settle
 from apps.runs.tasks import run_cancel_settle_task
+from apps.runs.transitions import run_transition
 from tests.factories import make_dataset_version
 
 
@@ -55,7 +51,7 @@ def test_a_cancel_settles_in_batches_and_hands_the_rest_to_the_control_queue(
 ):
     run = big_run(alice, inputs, tasks=30, attempts=2)
     lease, running_trial = started(run)
-    monkeypatch.setattr(execution, "CANCEL_BATCH_SIZE", 25)
+    monkeypatch.setattr(settlement, "CANCEL_BATCH_SIZE", 25)
     monkeypatch.setattr(services, "CANCEL_INLINE_BATCHES", 1)
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         assert run_cancel(org=alice.org, run_id=run.id).status == RunStatus.CANCELLING
@@ -89,7 +85,13 @@ def test_a_cancel_settles_in_batches_and_hands_the_rest_to_the_control_queue(
 @pytest.mark.django_db
 def test_a_batch_is_bulk_statements_not_statements_per_trial(alice, inputs):
     run = big_run(alice, inputs, tasks=60, attempts=1)  # one trial per group: each batch settles its groups
-    Run.objects.filter(pk=run.pk).update(status=RunStatus.CANCELLING, cancel_requested_at=timezone.now())
+    # A cancel's first transaction, without the settling that follows it.
+    run_transition(
+        run=run.pk,
+        to=RunStatus.CANCELLING,
+        event="run.cancel_requested",
+        values={"cancel_requested_at": timezone.now()},
+    )
     statements = []
     for size in (10, 40):
         with CaptureQueriesContext(connection) as queries:

@@ -6,8 +6,9 @@ import pytest
 from django.utils import timezone
 
 from apps.accounts.services import worker_get_or_create, worker_token_issue
+from apps.runs.leases import lease_reap
 from apps.runs.models import Lease, Run, RunEvent
-from apps.runs.services import lease_reap, run_schedule
+from apps.runs.services import run_schedule
 from tests.conftest import make_client
 
 pytestmark = pytest.mark.django_db

@@ -9,7 +9,8 @@ import pytest
 from django.utils import timezone
 
 from apps.accounts.services import worker_get_or_create
-from apps.runs.execution import run_dispatch, trial_claim, trials_enqueue
+from apps.runs.dispatch import run_dispatch, trials_enqueue
+from apps.runs.leases import trial_claim
 from apps.runs.models import (
     GroupStatus,
     Lease,
@@ -23,6 +24,7 @@ from apps.runs.models import (
 )
 from apps.runs.services import run_schedule, run_submit
 from apps.runs.sweeper import sweep_tick
+from apps.runs.transitions import run_transition
 from apps.training.models import LearningUpdate, Trainer, TrainerStatus, UpdateStatus
 from apps.training.services import training_start
 from apps.trials.admission import Budget, node_register
@@ -150,7 +152,10 @@ def test_a_run_whose_groups_all_settled_is_finished(alice, inputs):
 
 def test_a_cancel_whose_settling_message_was_lost_is_continued(alice, inputs):
     run = running(alice, inputs)
-    Run.objects.filter(pk=run.pk).update(status=RunStatus.CANCELLING, cancel_requested_at=ago())
+    # A cancel's first transaction, without the settling that follows it.
+    run_transition(
+        run=run.pk, to=RunStatus.CANCELLING, event="run.cancel_requested", values={"cancel_requested_at": ago()}
+    )
     assert sweep_tick() == {"trials_cancelled": 4}
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELLED

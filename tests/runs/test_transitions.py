@@ -22,7 +22,7 @@ from apps.core.transitions import TransitionNotAllowed, TransitionTable
 from apps.proxy.capture import DELIVERY_TRANSITIONS, INTEGRITY_TRANSITIONS, interaction_transition
 from apps.proxy.models import Interaction
 from apps.proxy.routes import DEFAULT_ROUTE, route_upsert
-from apps.runs.execution import run_dispatch
+from apps.runs.dispatch import run_dispatch
 from apps.runs.models import Lease, Reservation, Run, RunEvent, RunStatus, SamplingGroup, Trial
 from apps.runs.services import run_schedule, run_submit
 from apps.runs.transitions import (

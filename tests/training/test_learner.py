@@ -8,9 +8,9 @@ from django.db import transaction
 
 from apps.proxy.models import ModelRoute
 from apps.proxy.routes import DEFAULT_ROUTE, route_upsert
-from apps.runs.execution import _trial_settle
 from apps.runs.models import Run, RunStatus, SamplingGroup, Trial
 from apps.runs.services import run_cancel
+from apps.runs.settlement import trial_settle
 from apps.training.models import LearningUpdate, Trainer, TrainerStatus, UpdateStatus
 from apps.training.services import step_settled, training_start
 from apps.training.updates import update_apply
@@ -33,7 +33,7 @@ def _settle_step(run: Run, step: int, rewards: list[float]) -> None:
     trials.update(status="running")
     for trial, reward in zip(trials, rewards * 10, strict=False):
         with transaction.atomic():
-            _trial_settle(run=Run.objects.get(pk=run.pk), trial=trial, status="succeeded", rewards={"reward": reward})
+            trial_settle(run=Run.objects.get(pk=run.pk), trial=trial, status="succeeded", rewards={"reward": reward})
 
 
 def test_batches_walk_the_dataset_and_updates_without_signal_are_skipped(alice):

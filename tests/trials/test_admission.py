@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from apps.runs.execution import run_dispatch
+from apps.runs.dispatch import run_dispatch
 from apps.runs.models import Reservation, Trial
 from apps.runs.services import run_schedule
 from apps.trials.admission import (

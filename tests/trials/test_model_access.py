@@ -20,7 +20,7 @@ from apps.proxy.credentials import caller_authenticate
 from apps.proxy.errors import AuthenticationFailed
 from apps.proxy.routes import route_upsert
 from apps.runs import tasks as run_tasks
-from apps.runs.execution import run_dispatch
+from apps.runs.dispatch import run_dispatch
 from apps.runs.models import Trial
 from apps.runs.services import run_schedule
 from apps.trials import tasks as trial_tasks
@@ -33,7 +33,7 @@ from apps.trials.model_access import (
     model_access_open,
     sandbox_model_options,
 )
-from apps.trials.worker import trial_execute
+from apps.trials.pipeline import trial_execute
 from synth_launcher.launcher import launch_needs
 from tests.factories import make_dataset_of, make_profile_version, make_task_version_unchecked
 

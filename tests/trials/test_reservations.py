@@ -14,10 +14,11 @@ from django.utils import timezone
 
 from apps.accounts.services import worker_get_or_create
 from apps.core.process import process_alive, process_identity
-from apps.runs import execution
-from apps.runs.execution import run_dispatch, trial_claim
+from apps.runs import leases
+from apps.runs.dispatch import run_dispatch
+from apps.runs.leases import lease_reap, trial_claim
 from apps.runs.models import Lease, Reservation, RunEvent, Trial
-from apps.runs.services import lease_reap, run_schedule
+from apps.runs.services import run_schedule
 from apps.trials.admission import (
     Budget,
     Need,
@@ -95,7 +96,7 @@ def test_the_release_is_undone_with_the_lease_if_the_reap_fails(trials, node, mo
     def broken(**_):
         raise RuntimeError("the requeue failed")
 
-    monkeypatch.setattr(execution, "trial_lease_lapsed", broken)
+    monkeypatch.setattr(leases, "trial_lease_lapsed", broken)
     with pytest.raises(RuntimeError):
         lease_reap()
     # One transaction: neither the lease nor its reservation moved.

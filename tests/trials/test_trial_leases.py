@@ -9,9 +9,11 @@ from django.utils import timezone
 
 from apps.accounts.services import worker_get_or_create
 from apps.core.errors import StaleLease
-from apps.runs.execution import TrialOutcome, run_dispatch, trial_claim, trial_complete
+from apps.runs.dispatch import run_dispatch
+from apps.runs.leases import lease_reap, trial_claim, trial_complete
 from apps.runs.models import Lease, Run, RunEvent
-from apps.runs.services import lease_reap, run_schedule
+from apps.runs.services import run_schedule
+from apps.runs.settlement import TrialOutcome
 
 pytestmark = pytest.mark.django_db
 
@@ -50,7 +52,7 @@ def test_a_lapsed_trial_is_requeued_then_lost_and_counted_once(run, django_captu
 
 def test_a_released_trial_lease_gives_back_the_trial_not_the_run(run):
     from apps.core.errors import Conflict
-    from apps.runs.services import lease_complete, lease_release
+    from apps.runs.leases import lease_complete, lease_release
 
     w1 = worker_get_or_create(name="w1")
     trial = run.trials.order_by("id").first()
