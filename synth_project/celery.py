@@ -1,4 +1,5 @@
 """The one Celery app; all CELERY_* settings live in settings.py."""
+
 from __future__ import annotations
 
 import os

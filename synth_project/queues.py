@@ -4,6 +4,7 @@ Import-light on purpose: settings, workers and deploy scripts read it. Each work
 consumes one queue (`celery -A synth_project worker -Q trials`) so that each class
 scales and is configured on its own (concurrency, prefetch, time limits).
 """
+
 from __future__ import annotations
 
 from enum import StrEnum

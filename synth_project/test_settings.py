@@ -3,6 +3,7 @@
 Override with DATABASE_URL / CELERY_BROKER_URL; the embedded default (SQLite) has its
 own test, which starts the stack with no variables at all.
 """
+
 import os
 import tempfile
 
