@@ -1,0 +1,1 @@
+"""The fault-injection bench; bench/faults.py runs it."""
