@@ -15,7 +15,7 @@ from bench.fault_injection.cluster import Cluster, Host
 from bench.fault_injection.common import LEASE_TTL, log, wait_until
 from bench.fault_injection.observe import Watch, db, run_get, trials_of
 
-# The line a trials worker logs (apps/trials/worker.py) before it records an attempt's result.
+# The line a trials worker logs (apps/trials/pipeline.py) before it records an attempt's result.
 RESULT_LINE = re.compile(
     r"trial (?P<trial>trl_\w+): attempt under lease (?P<lease>lse_\w+) \(fence (?P<fence>\d+)\) "
     r"ended (?P<status>\w+), rewards (?P<rewards>.+?); recording it"
