@@ -128,13 +128,13 @@ class _CapturedResponse(JsonResponse):
     """A JSON message whose delivery is recorded when the server has sent it: the ASGI
     handler calls close() after the last byte (not when a client went away first)."""
 
-    delivery: CallDelivery | None = None
+    call: CallDelivery | None = None
 
     def close(self) -> None:
         # Settle first: super().close() fires request_finished, which may close the
         # thread's database connection.
-        if self.delivery is not None:
-            self.delivery.delivered_sync()
+        if self.call is not None:
+            self.call.delivered_sync()
         super().close()
 
 
@@ -194,7 +194,7 @@ async def messages_view(request: HttpRequest) -> HttpResponse:
         json_dumps_params={"ensure_ascii": False},
     )
     response["request-id"] = request_id
-    response.delivery = delivery
+    response.call = delivery
     return response
 
 
