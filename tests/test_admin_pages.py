@@ -11,11 +11,11 @@ from django.utils.html import escape
 from apps.accounts.services import worker_get_or_create
 from apps.runs.dispatch import run_dispatch
 from apps.runs.leases import trial_claim
-from apps.runs.services import run_schedule
 from apps.runs.models import Trial
+from apps.runs.services import run_schedule
 from apps.trials.admission import Budget, Need, admission_request, node_register
 from tests.browser.scenes import LOG_TEXT, make_train_scene
-from tests.harness.conftest import tokenizer_dir  # noqa: F401 - fixture
+from tests.harness.conftest import tokenizer_dir  # noqa: F401,F811 - fixture
 
 pytestmark = pytest.mark.django_db
 
@@ -125,7 +125,7 @@ def test_the_download_needs_a_staff_login(client, alice):
     assert resp.status_code == 302 and "/admin/login/" in resp["Location"]
 
 
-def test_an_interaction_page_decodes_the_prompt_and_completion(admin_client, alice, tokenizer_dir, settings):
+def test_an_interaction_page_decodes_the_prompt_and_completion(admin_client, alice, tokenizer_dir, settings):  # noqa: F811
     from apps.proxy.models import Interaction
     from apps.proxy.routes import DEFAULT_ROUTE, route_upsert
     from apps.proxy.tokenizers import tokenizer_load

@@ -75,7 +75,10 @@ class PagedInline(ReadOnlyInline):
         parent_id = match.kwargs.get("object_id") if match else None
         if parent_id is None:
             return qs
+        # The key the inline's formset uses (Django's own lookup: it raises if there is none).
         fk = _get_foreign_key(self.parent_model, self.model, fk_name=self.fk_name)
+        if fk is None:
+            return qs
         rows = qs.filter(**{fk.name: parent_id})
         total = rows.count()
         pages = max(1, -(-total // self.per_page))

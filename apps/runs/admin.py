@@ -28,7 +28,6 @@ from apps.runs.models import (
     WorkerNode,
 )
 
-
 # Sections other apps add to a run's page (training adds its learning curve): runs import
 # no training, so the dependency points this way. Each returns HTML, or None to add nothing.
 RunSection = Callable[[Run], SafeString | None]
