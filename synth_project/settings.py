@@ -132,6 +132,9 @@ MIDDLEWARE = [
     "synth_project.middleware.json_errors",
     "synth_project.middleware.strict_input",
     "django.middleware.security.SecurityMiddleware",
+    # Static files (the admin's CSS, the API docs' scripts) from STATIC_ROOT in every
+    # deployment, DEBUG or not: collectstatic fills it (deploy/embedded.sh, the image).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -190,7 +193,14 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
+# The image collects into its own tree (SYNTH_STATIC_ROOT), since var/ is a volume there.
+STATIC_ROOT = Path(os.environ.get("SYNTH_STATIC_ROOT") or VAR_DIR / "static")
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # Gzipped copies next to each file; names stay unhashed, so a page rendered
+    # before collectstatic ran (tests, a fresh checkout) never fails on a missing manifest.
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
 
 # OBJECT STORE
 # ------------------------------------------------------------------------------

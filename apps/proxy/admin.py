@@ -5,10 +5,12 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 from django.http import HttpRequest
+from django.template.loader import render_to_string
 
 from apps.accounts.models import ModelCredential
 from apps.core.admin_utils import ReadOnlyAdmin
 from apps.core.errors import ValidationFailed
+from apps.proxy.admin_selectors import interaction_decode
 from apps.proxy.models import Interaction, ModelRoute
 from apps.proxy.routes import route_family_check
 
@@ -62,8 +64,16 @@ class InteractionAdmin(ReadOnlyAdmin):
     ]
     list_filter = ["delivery", "integrity", "eligibility", "route"]
     search_fields = ["id", "run_id", "trial_id", "session_id", "correlation_id"]
-    # The staged payload can be megabytes of ids: never render it in the admin.
+    # The staged payload can be megabytes of ids: never render it in the admin; the page
+    # shows a bounded decoding of it instead.
     exclude = ["payload"]
+    readonly_fields = ["conversation"]
+
+    @admin.display(description="prompt and completion")
+    def conversation(self, interaction: Interaction) -> str:
+        return render_to_string(
+            "admin/proxy/interaction/conversation.html", {"decoded": interaction_decode(interaction=interaction)}
+        )
 
     def get_queryset(self, request: HttpRequest) -> Any:
         return super().get_queryset(request).select_related("org", "route").defer("payload")
