@@ -99,7 +99,8 @@ def gateway(transactional_db, static_root) -> Iterator[Gateway]:
 @pytest.fixture
 def browser(tmp_path) -> Iterator[object]:
     if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
-        pytest.skip("chromium and chromium-driver are not installed (deploy/setup.sh installs them as root)")
+        # A missing browser is a broken set-up, not a reason to pass without checking the pages.
+        pytest.fail("chromium and chromium-driver are not installed (deploy/setup.sh installs them as root)")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
