@@ -37,7 +37,7 @@ if ! { command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null
   && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   (apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
     || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null 2>&1; }) \
-    || echo "setup: could not install chromium; the browser tests will be skipped" >&2
+    || echo "setup: could not install chromium and chromium-driver; the browser tests will fail" >&2
 fi
 
 # Claude Code, pinned in package.json / package-lock.json: node_modules/.bin/claude is bound
