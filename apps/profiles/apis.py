@@ -30,7 +30,6 @@ from typing import Any
 
 from django.http import HttpResponse
 from django.urls import reverse
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_serializer
 from rest_framework import serializers, status
 from rest_framework.request import Request
@@ -41,8 +40,8 @@ from apps.accounts.models import Organization
 from apps.accounts.principal import Principal
 from apps.core.errors import ValidationFailed
 from apps.core.pagination import IdCursorPagination
-from apps.core.serializers import ERRORS, paged
 from apps.core.parsers import JSONParser
+from apps.core.serializers import ERRORS, paged
 from apps.profiles.models import ProfileVersion
 from apps.profiles.selectors import (
     profile_get,

@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounts.permissions import IsWorker
+from apps.accounts.principal import Principal
 from apps.core.fields import IntegerField
 from apps.core.inputs import query_int
 from apps.core.pagination import IdCursorPagination, OldestFirstPagination
@@ -153,9 +154,12 @@ class RunAgreementApi(APIView):
     def get(self, request: Request, run_id: str) -> Response:
         query = bodies.AgreementQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
+        principal = request.auth
+        # IsMember (the default permission) admits only members, who always have an org.
+        assert isinstance(principal, Principal) and principal.org is not None
         return Response(
             agreement.run_agreement(
-                org=request.auth.org,
+                org=principal.org,
                 run_id=run_id,
                 other_id=query.validated_data["with"],
                 threshold=query.validated_data.get("threshold"),

@@ -57,7 +57,7 @@ class RunSummarySerializer(serializers.Serializer):
     tasks = serializers.IntegerField(help_text="distinct tasks the run attempted")
     groups = serializers.IntegerField(help_text="sampling groups (for a train run: tasks sampled x steps)")
     statuses = serializers.DictField(child=serializers.IntegerField(), help_text="trials by status")
-    errors = serializers.DictField(child=serializers.IntegerField(), help_text="trials by error type")
+    errors = serializers.DictField(child=serializers.IntegerField(), help_text="trials by error type")  # type: ignore[assignment]  # a declared field: DRF's metaclass takes it off the class
     assessed = serializers.IntegerField(required=False, help_text="trials whose outcome weighs in the figures")
     verifier_errors = serializers.IntegerField(required=False)
     mean_reward = serializers.FloatField(
@@ -97,7 +97,7 @@ class RunSerializer(serializers.Serializer):
 class RunEventSerializer(serializers.Serializer):
     seq = serializers.IntegerField(help_text="1, 2, ... within the run, no gaps")
     type = serializers.CharField(help_text="e.g. run.created, trial.finished, training.update")
-    data = serializers.JSONField()
+    data = serializers.JSONField()  # type: ignore[assignment]  # a declared field: DRF's metaclass takes it off the class
     created_at = serializers.DateTimeField()
 
 
@@ -138,7 +138,7 @@ class TrialSerializer(serializers.Serializer):
     task = serializers.CharField()
     task_version_id = serializers.CharField()
     attempt = serializers.IntegerField()
-    source = serializers.CharField(allow_null=True, help_text="a regrade's: the trial whose outputs it re-assessed")
+    source = serializers.CharField(allow_null=True, help_text="a regrade's: the trial whose outputs it re-assessed")  # type: ignore[assignment]  # a declared field: DRF's metaclass takes it off the class
     status = serializers.ChoiceField(choices=TrialStatus.choices)
     reward = serializers.FloatField(allow_null=True)
     rewards = serializers.JSONField(allow_null=True)

@@ -34,7 +34,7 @@ class CheckpointSerializer(serializers.Serializer):
     size = serializers.IntegerField(allow_null=True)
     has_state = serializers.BooleanField(help_text="the optimizer state was saved too (training can resume)")
     milestone = serializers.BooleanField()
-    parent = serializers.CharField(allow_null=True)
+    parent = serializers.CharField(allow_null=True)  # type: ignore[assignment]  # a declared field: DRF's metaclass takes it off the class
     model = CheckpointModelSerializer(help_text="what to put in a recipe to use these weights")
     created_at = serializers.DateTimeField()
 
@@ -67,7 +67,7 @@ class CheckpointRefSerializer(serializers.Serializer):
 class ProducerSerializer(serializers.Serializer):
     run = serializers.CharField()
     step = serializers.IntegerField()
-    update = serializers.CharField(allow_null=True)
+    update = serializers.CharField(allow_null=True)  # type: ignore[assignment]  # a declared field: DRF's metaclass takes it off the class
 
 
 @extend_schema_serializer(component_name="CheckpointLineage")
