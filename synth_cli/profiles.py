@@ -116,7 +116,8 @@ def publish_command(
     Prints NAME@VERSION and its digest, after checking that the digest is the sha256 of
     the canonical bytes the service returned.
 
-    --json prints the server's object: {"id", "name", "version", "digest", "canonical", "created_at"}.
+    --json prints the server's object: {"id", "name", "version", "digest": "sha256:<hex>", "canonical",
+    "created_at"}.
     """
     ui = Ui(json_mode=json_output)
     path = recipe_file.removeprefix("@")
@@ -127,7 +128,8 @@ def publish_command(
     with api_open() as api, ui.status(f"Publishing {name or spec.default_name}..."):
         body, created = profile_publish(api, name=name or spec.default_name, recipe=recipe)
     if json_output:
-        ui.emit_json(body)
+        # The digest as every other command writes it (profile show, run ... --json).
+        ui.emit_json({**body, "digest": f"sha256:{_hex(body['digest'])}"})
         return
     ui.line(f"{body['name']}@{body['version']} sha256:{_hex(body['digest'])}")
     ui.note("published a new version" if created else "identical content was already published; nothing new")

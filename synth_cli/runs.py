@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from synth_cli.agreement import agreement_command
 from synth_cli.cli import JsonOpt, SynthTyper, api_open
 from synth_cli.config import follow_server_timeout
 from synth_cli.errors import ApiError, CliError, UsageError
@@ -360,6 +361,7 @@ run_app.command("trials")(trials_command)
 run_app.command("checkpoints")(checkpoints_command)
 run_app.command("updates")(updates_command)
 run_app.command("artifacts")(artifacts_command)
+run_app.command("agreement")(agreement_command)
 
 
 @run_app.command("regrade")

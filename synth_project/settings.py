@@ -223,7 +223,7 @@ SYNTH_S3_VERIFY = env_choice("SYNTH_S3_VERIFY", "checksum", choices=("checksum",
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["apps.accounts.authentication.BearerTokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["apps.accounts.permissions.IsMember"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "apps.core.openapi.AppAutoSchema",
     "EXCEPTION_HANDLER": "apps.core.errors.exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     # Strict JSON and form parsing (apps.core.inputs): no NUL or lone surrogate, finite numbers.
@@ -238,6 +238,14 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Several bodies share a "status" field with different choices: one named enum each.
+    "ENUM_NAME_OVERRIDES": {
+        "RunKindEnum": "apps.runs.models.RunKind",
+        "RunStatusEnum": "apps.runs.models.RunStatus",
+        "TrialStatusEnum": "apps.runs.models.TrialStatus",
+        "GroupStatusEnum": "apps.runs.models.GroupStatus",
+        "UpdateStatusEnum": "apps.training.models.UpdateStatus",
+    },
 }
 # Uploads of task archives are bounded; bigger datasets are imported as several versions.
 SYNTH_TASK_MAX_ARCHIVE_BYTES = env_int("SYNTH_TASK_MAX_ARCHIVE_BYTES", 256 * 1024 * 1024, minimum=1)

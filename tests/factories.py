@@ -113,3 +113,63 @@ def make_train_run(*, org: Organization, tasks: int = 3, **plan: Any) -> Any:
     run_schedule(run_id=run.id)
     run_dispatch(run_id=run.id)
     return Run.objects.get(pk=run.pk)
+
+
+def make_assessed_runs(
+    *, org: Organization, original: list[float | None], regrades: list[list[float | None]]
+) -> tuple[Any, list[Any]]:
+    """An evaluate run whose trials kept their work and got ``original`` rewards, and one
+    regrade of it per list in ``regrades`` (rewards in the same trial order). Returns
+    (source run, regrade runs). The runs are moved along by hand: no worker, no broker."""
+    from apps.runs.dispatch import run_dispatch
+    from apps.runs.models import Artifact, Run, Trial
+    from apps.runs.services import run_regrade, run_submit
+
+    dataset = make_dataset_version(org=org, name="agreement", tasks=2)
+    actor = make_profile_version(org=org, name="agreement-actor")
+    judge = make_profile_version(org=org, name="agreement-judge")
+    body = {
+        "kind": "evaluate",
+        "dataset": dataset.reference,
+        "actor": {"profile": actor.profile.name, "version": actor.version},
+        "plan": {"attempts_per_task": len(original) // 2},
+    }
+
+    def assess(run: Any, rewards: list[float | None]) -> list[Any]:
+        Run.objects.filter(pk=run.pk).update(status="queued")
+        run_dispatch(run_id=run.id)
+        trials = list(Trial.objects.filter(run=run).order_by("source_id", "id"))
+        assert len(trials) == len(rewards)
+        for trial, reward in zip(trials, rewards, strict=True):
+            Trial.objects.filter(pk=trial.pk).update(
+                status="succeeded" if reward is not None else "failed",
+                reward=reward,
+                error_type="" if reward is not None else "VerifierError",
+            )
+        Run.objects.filter(pk=run.pk).update(status="succeeded")
+        return trials
+
+    source, _ = run_submit(org=org, user=None, idempotency_key="agreement-source", body=body)
+    for trial in assess(source, original):
+        work = object_put(org=org, data=f"work of {trial.id}".encode())
+        Artifact.objects.create(
+            run=source,
+            trial=trial,
+            name="artifacts/workdir/main.py",
+            kind="work",
+            object=work,
+            sha256=work.sha256,
+            size=work.size,
+        )
+    runs = []
+    for i, rewards in enumerate(regrades):
+        regrade, _ = run_regrade(
+            org=org,
+            user=None,
+            run_id=source.id,
+            idempotency_key=f"agreement-regrade-{i}",
+            body={"judge": {"profile": judge.profile.name, "version": judge.version}},
+        )
+        assess(regrade, rewards)
+        runs.append(regrade)
+    return source, runs

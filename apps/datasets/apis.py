@@ -17,6 +17,7 @@ from apps.accounts.principal import Principal
 from apps.core.errors import NotFound
 from apps.core.inputs import query_int
 from apps.core.pagination import IdCursorPagination
+from apps.core.serializers import ERRORS, paged
 from apps.datasets import selectors, services
 from apps.datasets.models import DatasetVersion, TaskVersion
 
@@ -150,7 +151,7 @@ class DatasetListCreateApi(APIView):
 
     OutputSerializer = DatasetVersionSummarySerializer
 
-    @extend_schema(responses=OutputSerializer(many=True))
+    @extend_schema(responses={200: paged(OutputSerializer, name="DatasetVersions"), **ERRORS})
     def get(self, request: Request) -> Response:
         paginator = IdCursorPagination()
         page = paginator.paginate_queryset(selectors.dataset_version_list(org=_org(request)), request, view=self)
@@ -158,7 +159,7 @@ class DatasetListCreateApi(APIView):
 
     @extend_schema(
         request={"multipart/form-data": InputSerializer},
-        responses={201: DatasetVersionDetailSerializer, 200: DatasetVersionDetailSerializer},
+        responses={201: DatasetVersionDetailSerializer, 200: DatasetVersionDetailSerializer, **ERRORS},
         parameters=_PAGE_PARAMETERS,
     )
     def post(self, request: Request) -> Response:
@@ -183,7 +184,7 @@ class DatasetListCreateApi(APIView):
 class DatasetVersionDetailApi(APIView):
     """One dataset version (org/name@version) with its ordered task versions, paged."""
 
-    @extend_schema(responses=DatasetVersionDetailSerializer, parameters=_PAGE_PARAMETERS)
+    @extend_schema(responses={200: DatasetVersionDetailSerializer, **ERRORS}, parameters=_PAGE_PARAMETERS)
     def get(self, request: Request, org: str, name: str, version: str) -> Response:
         dataset_version = services.dataset_version_resolve(org=_org(request), reference=f"{org}/{name}@{version}")
         return Response(dataset_version_body(request, dataset_version))
@@ -246,7 +247,7 @@ class TaskVersionDetailApi(APIView):
                 "content_type": tv.archive.content_type,
             }
 
-    @extend_schema(responses=OutputSerializer)
+    @extend_schema(responses={200: OutputSerializer, **ERRORS})
     def get(self, request: Request, task_version_id: str) -> Response:
         task_version = selectors.task_version_get(org=_org(request), task_version_id=task_version_id)
         if task_version is None:

@@ -30,8 +30,7 @@ from typing import Any
 
 from django.http import HttpResponse
 from django.urls import reverse
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_serializer
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -42,6 +41,7 @@ from apps.accounts.principal import Principal
 from apps.core.errors import ValidationFailed
 from apps.core.pagination import IdCursorPagination
 from apps.core.parsers import JSONParser
+from apps.core.serializers import ERRORS, paged
 from apps.profiles.models import ProfileVersion
 from apps.profiles.selectors import (
     profile_get,
@@ -92,6 +92,32 @@ class VersionMetaSerializer(serializers.Serializer):
         return profile_version_verify(profile_version=obj).decode("utf-8")
 
 
+@extend_schema_serializer(component_name="Recipe")
+class RecipeSerializer(serializers.Serializer):
+    """Documents a recipe's top level; synth_launcher.recipe.RECIPE_SCHEMA checks all of it
+    (unknown keys are refused)."""
+
+    engine = serializers.JSONField(help_text='{"name": "claude-code" | "command" | ..., "version"?}')
+    limits = serializers.JSONField(help_text="timeout_sec, setup_timeout_sec, ...")
+    model = serializers.JSONField(
+        required=False, help_text='exactly one of {"route": "<model route>"} or {"checkpoint": "ckpt_..."}'
+    )
+    command = serializers.ListField(
+        child=serializers.CharField(), required=False, help_text='argv of the agent process; engine "command" only'
+    )
+    files = serializers.ListField(
+        child=serializers.JSONField(), required=False, help_text="written into the workdir before setup"
+    )
+    setup = serializers.ListField(child=serializers.JSONField(), required=False, help_text="shell commands, in order")
+    workdir = serializers.CharField(required=False)
+    args = serializers.ListField(child=serializers.JSONField(), required=False)
+    env = serializers.DictField(required=False)
+    instruction = serializers.JSONField(required=False)
+    outputs = serializers.ListField(
+        child=serializers.CharField(), required=False, help_text="required output paths, collected as artifacts"
+    )
+
+
 class ProfileListApi(APIView):
     class OutputSerializer(serializers.Serializer):
         id = serializers.CharField()
@@ -100,7 +126,9 @@ class ProfileListApi(APIView):
         versions_count = serializers.IntegerField()
         created_at = serializers.DateTimeField()
 
-    @extend_schema(responses=OutputSerializer(many=True))
+    @extend_schema(
+        operation_id="api_profiles_list", responses={200: paged(OutputSerializer, name="Profiles"), **ERRORS}
+    )
     def get(self, request: Request) -> Response:
         paginator = IdCursorPagination()
         page = paginator.paginate_queryset(profile_list(org=_org(request)), request, view=self)
@@ -123,10 +151,17 @@ def _versions_page(request: Request, view: APIView, name: str) -> tuple[Any, Res
     return profile, paginator.get_paginated_response(VersionListSerializer(page, many=True).data)
 
 
+@extend_schema_serializer(component_name="ProfileWithVersions")
+class ProfileDetailSerializer(ProfileListApi.OutputSerializer):
+    next = serializers.URLField(allow_null=True, help_text="the next page of versions, or null")
+    previous = serializers.URLField(allow_null=True)
+    results = VersionListSerializer(many=True, help_text="versions, newest first")
+
+
 class ProfileDetailApi(APIView):
     """The profile with its versions, newest first, paged like every list."""
 
-    @extend_schema(responses=VersionListSerializer(many=True))
+    @extend_schema(responses={200: ProfileDetailSerializer, **ERRORS})
     def get(self, request: Request, name: str) -> Response:
         profile, response = _versions_page(request, self, name)
         response.data = {
@@ -144,13 +179,16 @@ class ProfileVersionListApi(APIView):
     # JSON only: a recipe is a JSON object, and a form upload would arrive as a QueryDict.
     parser_classes = [JSONParser]
 
-    @extend_schema(responses=VersionListSerializer(many=True))
+    @extend_schema(
+        operation_id="api_profiles_versions_list",
+        responses={200: paged(VersionListSerializer, name="ProfileVersions"), **ERRORS},
+    )
     def get(self, request: Request, name: str) -> Response:
         return _versions_page(request, self, name)[1]
 
     @extend_schema(
-        request=OpenApiTypes.OBJECT,
-        responses={201: VersionMetaSerializer, 200: VersionMetaSerializer},
+        request=RecipeSerializer,
+        responses={201: VersionMetaSerializer, 200: VersionMetaSerializer, **ERRORS},
         description="Publish a recipe (the body is the recipe object). 201 new version, 200 identical content. "
         + CANONICAL_FORM,
     )
@@ -171,7 +209,7 @@ class ProfileVersionDetailApi(APIView):
     """The exact canonical bytes of one version: sha256(body) == the digest header."""
 
     @extend_schema(
-        responses={(200, "application/json"): OpenApiResponse(OpenApiTypes.OBJECT), 304: None},
+        responses={(200, "application/json"): OpenApiResponse(RecipeSerializer), 304: None, **ERRORS},
         description="The exact canonical bytes; digest in X-Synth-Digest (sha256:<hex>) and ETag. " + CANONICAL_FORM,
     )
     def get(self, request: Request, name: str, version: int) -> HttpResponse:
@@ -190,7 +228,7 @@ class ProfileVersionDetailApi(APIView):
 class ProfileVersionMetaApi(APIView):
     """The version as JSON: {id, name, version, digest, canonical, created_at}, as POST answers."""
 
-    @extend_schema(responses=VersionMetaSerializer)
+    @extend_schema(responses={200: VersionMetaSerializer, **ERRORS})
     def get(self, request: Request, name: str, version: int) -> Response:
         found = profile_version_get(org=_org(request), name=name, version=version)
         response = Response(VersionMetaSerializer(found).data)

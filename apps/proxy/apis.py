@@ -13,7 +13,9 @@ from rest_framework.views import APIView
 
 from apps.core.fields import IntegerField
 from apps.core.pagination import IdCursorPagination
+from apps.core.serializers import ERRORS, paged
 from apps.proxy import selectors
+from apps.proxy import serializers as bodies
 from apps.proxy.credentials import interactive_credential_issue
 from apps.proxy.models import Integrity, Interaction, ModelRoute
 
@@ -68,7 +70,10 @@ def interaction_dict(interaction: Interaction) -> dict[str, Any]:
 
 
 class ModelListApi(APIView):
-    @extend_schema(responses={200: dict}, description="Model routes: family, context window, max output, trainable.")
+    @extend_schema(
+        responses={200: bodies.ModelRouteListSerializer, **ERRORS},
+        description="Model routes: family, context window, max output, trainable.",
+    )
     def get(self, request: Request) -> Response:
         return Response({"results": [route_dict(r) for r in selectors.route_list()]})
 
@@ -78,7 +83,11 @@ class InteractionListApi(APIView):
         run = serializers.CharField(required=False)
         trial = serializers.CharField(required=False)
 
-    @extend_schema(parameters=[FilterSerializer], responses={200: dict})
+    @extend_schema(
+        operation_id="api_interactions_list",
+        parameters=[FilterSerializer],
+        responses={200: paged(bodies.InteractionSerializer, name="Interactions"), **ERRORS},
+    )
     def get(self, request: Request) -> Response:
         filters = self.FilterSerializer(data=request.query_params)
         filters.is_valid(raise_exception=True)
@@ -94,7 +103,7 @@ class InteractionListApi(APIView):
 
 class InteractionDetailApi(APIView):
     @extend_schema(
-        responses={200: dict},
+        responses={200: bodies.InteractionDetailSerializer, **ERRORS},
         description="One captured call. Once published, `payload.download` is a read grant for the token "
         "payload (canonical JSON, sha256 in `integrity`); before, `payload.inline` holds the staged payload.",
     )
@@ -130,7 +139,7 @@ class InteractiveCredentialCreateApi(APIView):
         model = serializers.CharField(max_length=300)
         ttl_sec = IntegerField(required=False, min_value=60, max_value=7 * 24 * 3600, default=12 * 3600)
 
-    @extend_schema(request=InputSerializer, responses={201: dict})
+    @extend_schema(request=InputSerializer, responses={201: bodies.InteractiveCredentialSerializer, **ERRORS})
     def post(self, request: Request) -> Response:
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)

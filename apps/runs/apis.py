@@ -10,17 +10,21 @@ from typing import Any
 
 from django.db import close_old_connections
 from django.http import StreamingHttpResponse
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import renderers, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounts.permissions import IsWorker
+from apps.accounts.principal import Principal
 from apps.core.fields import IntegerField
 from apps.core.inputs import query_int
 from apps.core.pagination import IdCursorPagination, OldestFirstPagination
-from apps.runs import leases, selectors, services
+from apps.core.serializers import ERRORS, ErrorSerializer, paged
+from apps.runs import agreement, leases, selectors, services
+from apps.runs import serializers as bodies
 from apps.runs.models import TERMINAL_STATUSES, Lease, Run, RunEvent
 
 
@@ -74,8 +78,8 @@ class RunListCreateApi(APIView):
 
     @extend_schema(
         parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER)],
-        request={"application/json": {"type": "object"}},
-        responses={201: dict, 200: dict, 409: dict},
+        request=bodies.RunSubmitInputSerializer,
+        responses={201: bodies.RunSerializer, 200: bodies.RunSerializer, 409: ErrorSerializer, **ERRORS},
         description="Submit a run. Same Idempotency-Key and body: 200 with the same run; another body: 409.",
     )
     def post(self, request: Request) -> Response:
@@ -92,7 +96,11 @@ class RunListCreateApi(APIView):
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         )
 
-    @extend_schema(parameters=[FilterSerializer], responses={200: dict})
+    @extend_schema(
+        operation_id="api_runs_list",
+        parameters=[FilterSerializer],
+        responses={200: paged(bodies.RunSerializer, name="Runs"), **ERRORS},
+    )
     def get(self, request: Request) -> Response:
         filters = self.FilterSerializer(data=request.query_params)
         filters.is_valid(raise_exception=True)
@@ -103,7 +111,7 @@ class RunListCreateApi(APIView):
 
 
 class RunDetailApi(APIView):
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: bodies.RunSerializer, **ERRORS})
     def get(self, request: Request, run_id: str) -> Response:
         return Response(RunOutputSerializer(selectors.run_get(org=request.auth.org, run_id=run_id)).data)
 
@@ -111,8 +119,8 @@ class RunDetailApi(APIView):
 class RunRegradeApi(APIView):
     @extend_schema(
         parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER)],
-        request={"application/json": {"type": "object"}},
-        responses={201: dict, 200: dict, 404: dict, 409: dict},
+        request=bodies.RunRegradeInputSerializer,
+        responses={201: bodies.RunSerializer, 200: bodies.RunSerializer, 409: ErrorSerializer, **ERRORS},
         description='Re-assess a finished run\'s retained outputs with a judge: {"judge": {"profile", "version"}, '
         '"plan": {...}}. Creates a run of kind regrade (one trial per retained attempt). Same Idempotency-Key '
         "and body: 200 with the same run.",
@@ -129,10 +137,34 @@ class RunRegradeApi(APIView):
 
 
 class RunCancelApi(APIView):
-    @extend_schema(request=None, responses={200: dict})
+    @extend_schema(request=None, responses={200: bodies.RunSerializer, **ERRORS})
     def post(self, request: Request, run_id: str) -> Response:
         services.run_cancel(org=request.auth.org, run_id=run_id)
         return Response(RunOutputSerializer(selectors.run_get(org=request.auth.org, run_id=run_id)).data)
+
+
+class RunAgreementApi(APIView):
+    @extend_schema(
+        parameters=[bodies.AgreementQuerySerializer],
+        responses={200: bodies.AgreementSerializer, **ERRORS},
+        description="How far this run's assessments (A) agree with another's (B, `with`) on the same retained "
+        "outputs: two regrades of one run, or a regrade and its source (the original verifier). Pass/fail at "
+        "`threshold`; agreement rate, Cohen's kappa, confusion matrix and the attempts they disagree on.",
+    )
+    def get(self, request: Request, run_id: str) -> Response:
+        query = bodies.AgreementQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        principal = request.auth
+        # IsMember (the default permission) admits only members, who always have an org.
+        assert isinstance(principal, Principal) and principal.org is not None
+        return Response(
+            agreement.run_agreement(
+                org=principal.org,
+                run_id=run_id,
+                other_id=query.validated_data["with"],
+                threshold=query.validated_data.get("threshold"),
+            )
+        )
 
 
 class EventStreamRenderer(renderers.BaseRenderer):
@@ -163,7 +195,18 @@ class RunEventsApi(APIView):
         wait = serializers.FloatField(required=False, min_value=0, max_value=60, default=0)
         timeout = serializers.FloatField(required=False, min_value=1, max_value=3600, default=600)
 
-    @extend_schema(parameters=[QuerySerializer], responses={200: dict})
+    @extend_schema(
+        parameters=[QuerySerializer],
+        responses={
+            (200, "application/json"): bodies.RunEventsPageSerializer,
+            (200, "text/event-stream"): OpenApiResponse(
+                OpenApiTypes.STR,
+                description="follow=1: `id: <seq>`, `event: <type>`, `data: <RunEvent JSON>` per event, "
+                'then `event: end` with {"status", "after"}',
+            ),
+            **ERRORS,
+        },
+    )
     def get(self, request: Request, run_id: str) -> Response | StreamingHttpResponse:
         query = self.QuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
@@ -257,7 +300,7 @@ class WorkerClaimApi(APIView):
 
         unit = serializers.CharField(required=False, default="run", max_length=100)
 
-    @extend_schema(request=InputSerializer, responses={200: dict, 204: None})
+    @extend_schema(request=InputSerializer, responses={200: bodies.WorkerClaimSerializer, 204: None, **ERRORS})
     def post(self, request: Request) -> Response:
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -281,7 +324,7 @@ class WorkerHeartbeatApi(_LeaseApi):
 
         fence = IntegerField(min_value=1)
 
-    @extend_schema(request=InputSerializer, responses={200: dict})
+    @extend_schema(request=InputSerializer, responses={200: bodies.WorkerHeartbeatSerializer, **ERRORS})
     def post(self, request: Request, lease_id: str) -> Response:
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -303,7 +346,7 @@ class WorkerReportApi(_LeaseApi):
         local_seq = IntegerField(min_value=0)
         events = serializers.ListField(child=serializers.DictField(), max_length=1000)
 
-    @extend_schema(request=InputSerializer, responses={200: dict})
+    @extend_schema(request=InputSerializer, responses={200: bodies.WorkerReportSerializer, **ERRORS})
     def post(self, request: Request, lease_id: str) -> Response:
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -321,7 +364,7 @@ class WorkerCompleteApi(_LeaseApi):
         summary = serializers.DictField(required=False, default=dict)
         error = serializers.CharField(required=False, default="", allow_blank=True, max_length=10_000)
 
-    @extend_schema(request=InputSerializer, responses={200: dict})
+    @extend_schema(request=InputSerializer, responses={200: bodies.LeaseOutcomeSerializer, **ERRORS})
     def post(self, request: Request, lease_id: str) -> Response:
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -337,7 +380,7 @@ class WorkerReleaseApi(_LeaseApi):
         fence = IntegerField(min_value=1)
         reason = serializers.CharField(required=False, default="", allow_blank=True, max_length=1000)
 
-    @extend_schema(request=InputSerializer, responses={200: dict})
+    @extend_schema(request=InputSerializer, responses={200: bodies.LeaseOutcomeSerializer, **ERRORS})
     def post(self, request: Request, lease_id: str) -> Response:
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -407,7 +450,7 @@ class RunCollectionApi(APIView):
         return paginator.get_paginated_response(self.render(list(page), request))
 
 
-@extend_schema_view(get=extend_schema(responses={200: dict}))
+@extend_schema_view(get=extend_schema(responses={200: paged(bodies.GroupSerializer, name="SamplingGroups"), **ERRORS}))
 class RunGroupsApi(RunCollectionApi):
     def rows(self, *, run: Run, filters: dict[str, Any]) -> Any:
         return selectors.group_list(run=run)
@@ -426,7 +469,9 @@ class RunTrialsApi(RunCollectionApi):
     def render(self, rows: list[Any], request: Request) -> list[dict[str, Any]]:
         return [trial_dict(t) for t in rows]
 
-    @extend_schema(parameters=[FilterSerializer], responses={200: dict})
+    @extend_schema(
+        parameters=[FilterSerializer], responses={200: paged(bodies.TrialSerializer, name="Trials"), **ERRORS}
+    )
     def get(self, request: Request, run_id: str) -> Response:
         return super().get(request, run_id)
 
@@ -440,7 +485,9 @@ class RunArtifactsApi(RunCollectionApi):
     def rows(self, *, run: Run, filters: dict[str, Any]) -> Any:
         return selectors.artifact_list(run=run, trial_id=filters.get("trial"))
 
-    @extend_schema(parameters=[FilterSerializer], responses={200: dict})
+    @extend_schema(
+        parameters=[FilterSerializer], responses={200: paged(bodies.ArtifactSerializer, name="Artifacts"), **ERRORS}
+    )
     def get(self, request: Request, run_id: str) -> Response:
         return super().get(request, run_id)
 

@@ -68,14 +68,18 @@ def group_summarize(*, trials: list[Any]) -> dict[str, Any]:
 
 
 def run_summarize(*, trials: list[Any], scored: bool) -> dict[str, Any]:
-    by_group: dict[str, list[Any]] = {}
+    """The run's figures, each over all of its trials: a train run samples a task once per
+    step (one group each), and its per-task figures pool that task's groups of every step
+    (training.reward_by_step has them by step)."""
+    by_task: dict[str, list[Any]] = {}
     for t in trials:
-        by_group.setdefault(t.group_id, []).append(t)
+        by_task.setdefault(t.task_version.name, []).append(t)
     statuses = Counter(t.status for t in trials)
     errors = Counter(t.error_type for t in trials if t.error_type)
     summary: dict[str, Any] = {
         "trials": len(trials),
-        "tasks": len(by_group),
+        "tasks": len(by_task),
+        "groups": len({t.group_id for t in trials}),
         "statuses": dict(statuses),
         "errors": dict(errors),
     }
@@ -84,10 +88,7 @@ def run_summarize(*, trials: list[Any], scored: bool) -> dict[str, Any]:
         summary["verifier_errors"] = errors.get(VERIFIER_ERROR, 0)
     if not scored:
         return summary
-    per_task = {}
-    for group_trials in by_group.values():
-        name = group_trials[0].task_version.name
-        per_task[name] = group_summarize(trials=group_trials)
+    per_task = {name: group_summarize(trials=task_trials) for name, task_trials in by_task.items()}
     means = [g["mean_reward"] for g in per_task.values() if g["mean_reward"] is not None]
     summary["mean_reward"] = sum(means) / len(means) if means else None
     ks = sorted({int(k) for g in per_task.values() for k in g["pass_at_k"]})

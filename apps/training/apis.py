@@ -10,9 +10,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.core.serializers import ERRORS, paged
 from apps.runs.apis import RunCollectionApi
 from apps.runs.models import Run
 from apps.training import selectors
+from apps.training import serializers as bodies
 from apps.training.models import Checkpoint, LearningUpdate
 
 
@@ -20,7 +22,7 @@ def checkpoint_dict(checkpoint: Checkpoint) -> dict[str, Any]:
     return {
         "id": checkpoint.id,
         "run": checkpoint.run_id,
-        "step": checkpoint.step,
+        "step": selectors.checkpoint_step(checkpoint=checkpoint),
         "backend": checkpoint.backend,
         "route": checkpoint.route,
         "base_model": checkpoint.base_model,
@@ -55,7 +57,12 @@ def update_dict(update: LearningUpdate) -> dict[str, Any]:
     }
 
 
-@extend_schema_view(get=extend_schema(responses={200: dict}, description="Learning updates of a train run, by step."))
+@extend_schema_view(
+    get=extend_schema(
+        responses={200: paged(bodies.LearningUpdateSerializer, name="LearningUpdates"), **ERRORS},
+        description="Learning updates of a train run, by step (from 0).",
+    )
+)
 class RunUpdatesApi(RunCollectionApi):
     """Learning updates of a train run, by step."""
 
@@ -66,7 +73,12 @@ class RunUpdatesApi(RunCollectionApi):
         return [update_dict(u) for u in rows]
 
 
-@extend_schema_view(get=extend_schema(responses={200: dict}, description="Checkpoints a train run saved, by step."))
+@extend_schema_view(
+    get=extend_schema(
+        responses={200: paged(bodies.CheckpointSerializer, name="Checkpoints"), **ERRORS},
+        description="Checkpoints a train run saved, by the step (from 0) whose update saved them.",
+    )
+)
 class RunCheckpointsApi(RunCollectionApi):
     """Checkpoints a train run saved, by step."""
 
@@ -79,7 +91,7 @@ class RunCheckpointsApi(RunCollectionApi):
 
 class CheckpointDetailApi(APIView):
     @extend_schema(
-        responses={200: dict},
+        responses={200: bodies.CheckpointDetailSerializer, **ERRORS},
         description="A checkpoint with its lineage: producing run and update, ancestors, runs that selected "
         "it, and the sampling groups sampled against it.",
     )

@@ -21,6 +21,13 @@ def run_checkpoints(*, run: Run) -> QuerySet[Checkpoint]:
     return Checkpoint.objects.filter(run=run)
 
 
+def checkpoint_step(*, checkpoint: Checkpoint) -> int:
+    """The step (from 0) whose update saved ``checkpoint``: the number every API answer
+    gives it, as it gives updates and sampling groups. What is stored is the number of
+    updates in its weights, one more."""
+    return checkpoint.step - 1
+
+
 def checkpoint_get(*, org: Organization, checkpoint_id: str) -> Checkpoint:
     checkpoint = Checkpoint.objects.filter(org=org, pk=checkpoint_id).select_related("parent").first()
     if checkpoint is None:
@@ -34,7 +41,7 @@ def checkpoint_lineage(*, checkpoint: Checkpoint) -> dict[str, Any]:
     ancestors = []
     parent = checkpoint.parent
     while parent is not None:
-        ancestors.append({"id": parent.id, "run": parent.run_id, "step": parent.step})
+        ancestors.append({"id": parent.id, "run": parent.run_id, "step": checkpoint_step(checkpoint=parent)})
         parent = parent.parent
     selected_by = list(
         RunSpec.objects.filter(run__org=checkpoint.org_id, model_binding__checkpoint=checkpoint.id)
@@ -48,7 +55,7 @@ def checkpoint_lineage(*, checkpoint: Checkpoint) -> dict[str, Any]:
     )
     update = LearningUpdate.objects.filter(checkpoint=checkpoint).values_list("id", flat=True).first()
     return {
-        "produced_by": {"run": checkpoint.run_id, "step": checkpoint.step, "update": update},
+        "produced_by": {"run": checkpoint.run_id, "step": checkpoint_step(checkpoint=checkpoint), "update": update},
         "ancestors": ancestors,
         "selected_by_runs": selected_by,
         "sampled_groups": [{"id": g["id"], "run": g["run_id"], "step": g["step"]} for g in groups],

@@ -320,7 +320,9 @@ def _advance(*, run_id: str) -> None:
 
 
 def training_summary(*, run_id: str) -> dict[str, Any]:
-    """The train run's learning, for its summary: per step reward, and the checkpoints."""
+    """The train run's learning, for its summary, by step: reward_by_step[N] is the mean
+    reward of the groups sampled at step N (from 0, as updates and checkpoints number them),
+    and checkpoints are in step order."""
     updates = list(LearningUpdate.objects.filter(run_id=run_id).order_by("step"))
     checkpoints = list(Checkpoint.objects.filter(run_id=run_id).order_by("step").values_list("id", flat=True))
     return {

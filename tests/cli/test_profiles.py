@@ -20,15 +20,15 @@ def test_publish_then_show_with_verified_digests(synth, recipe_file):
 
     body = synth.json("profile", "publish", f"@{recipe_file}", "--name", "agent")
     assert body["version"] == 1  # identical content: the same version
-    assert f"sha256:{body['digest']}" == digest
-    assert hashlib.sha256(body["canonical"].encode()).hexdigest() == body["digest"]
+    assert body["digest"] == digest  # one form everywhere: sha256:<hex>
+    assert f"sha256:{hashlib.sha256(body['canonical'].encode()).hexdigest()}" == body["digest"]
     assert json.loads(body["canonical"]) == EXAMPLE_RECIPE
 
     shown = synth.json("profile", "show", "agent")  # latest version
-    assert shown == {"name": "agent", "version": 1, "digest": digest, "canonical": body["canonical"]}
+    assert shown == {"name": "agent", "version": 1, "digest": body["digest"], "canonical": body["canonical"]}
     raw = synth("profile", "show", "agent@1", "--raw")
     assert raw.exit_code == 0
-    assert hashlib.sha256(raw.stdout_bytes).hexdigest() == body["digest"]
+    assert f"sha256:{hashlib.sha256(raw.stdout_bytes).hexdigest()}" == body["digest"]
     human = synth("profile", "show", "agent@1")
     assert human.exit_code == 0 and '"engine"' in human.stdout
 

@@ -103,15 +103,23 @@ def test_a_train_run_updates_weights_and_the_next_batch_samples_its_checkpoint(
     assert listed[0]["digest"] == f"sha256:{checkpoints[0].sha256}"
     table = synth("run", "checkpoints", run_id)
     assert table.exit_code == 0 and checkpoints[0].id in table.stdout
-    assert [u["status"] for u in synth.json("run", "updates", run_id)] == ["applied", "applied"]
-    summary = synth.json("run", "show", run_id)["summary"]["training"]
+    listed_updates = synth.json("run", "updates", run_id)
+    assert [u["status"] for u in listed_updates] == ["applied", "applied"]
+    assert [c["step"] for c in listed] == [u["step"] for u in listed_updates] == [0, 1]
+    full = synth.json("run", "show", run_id)["summary"]
+    groups = SamplingGroup.objects.filter(run=run)
+    # Every top-level figure counts the whole run: distinct tasks, groups of every step.
+    assert full["tasks"] == len({g.task_version_id for g in groups}) and full["groups"] == groups.count()
+    summary = full["training"]
     assert summary["final_checkpoint"] == checkpoints[1].id and summary["applied"] == 2
 
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {alice.secret}")
     detail = client.get(f"/api/checkpoints/{checkpoints[0].id}").json()
     lineage = detail["lineage"]
-    assert lineage["produced_by"] == {"run": run_id, "step": 1, "update": updates[0].id}
+    # One numbering: the update of step 0 saved the checkpoint of step 0.
+    assert lineage["produced_by"] == {"run": run_id, "step": 0, "update": updates[0].id}
+    assert updates[0].step == 0
     assert {g["id"] for g in lineage["sampled_groups"]} == {g.id for g in SamplingGroup.objects.filter(run=run, step=1)}
     assert client.get(f"/api/checkpoints/{checkpoints[1].id}").json()["lineage"]["ancestors"][0]["id"] == (
         checkpoints[0].id

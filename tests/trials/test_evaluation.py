@@ -55,3 +55,12 @@ def test_errors_that_are_not_the_agents_weigh_in_no_mean():
     assert s["mean_reward"] == 0.5 and s["assessed"] == 2 and s["verifier_errors"] == 1
     nothing = group_summarize(trials=[t("g", None, "VerifierError", "failed")])
     assert nothing["mean_reward"] is None and nothing["pass_at_k"] == {}
+
+
+def test_a_task_sampled_at_every_step_counts_once_and_pools_its_groups():
+    # A train run of 2 tasks over 3 steps: 6 groups, 2 tasks; each task's figures pool its steps.
+    trials = [t(f"g{step}{task}", float(step == 2), name=task) for step in range(3) for task in ("a", "b")]
+    s = run_summarize(trials=trials, scored=True)
+    assert s["tasks"] == 2 and s["groups"] == 6 and s["trials"] == 6
+    assert s["per_task"]["a"]["attempts"] == 3 and s["per_task"]["a"]["mean_reward"] == pytest.approx(1 / 3)
+    assert s["mean_reward"] == pytest.approx(1 / 3)
