@@ -63,10 +63,10 @@ class InteractionAdmin(ReadOnlyAdmin):
     list_filter = ["delivery", "integrity", "eligibility", "route"]
     search_fields = ["id", "run_id", "trial_id", "session_id", "correlation_id"]
     # The staged payload can be megabytes of ids: never render it in the admin.
-    exclude = ["payload"]
+    exclude = ["payload", "prompt_ids_packed"]
 
     def get_queryset(self, request: HttpRequest) -> Any:
-        return super().get_queryset(request).select_related("org", "route").defer("payload")
+        return super().get_queryset(request).select_related("org", "route").defer("payload", "prompt_ids_packed")
 
 
 # Model credentials live in accounts (accounts must not depend on the proxy); they are
