@@ -66,7 +66,7 @@ class InteractionAdmin(ReadOnlyAdmin):
     search_fields = ["id", "run_id", "trial_id", "session_id", "correlation_id"]
     # The staged payload can be megabytes of ids: never render it in the admin; the page
     # shows a bounded decoding of it instead.
-    exclude = ["payload"]
+    exclude = ["payload", "prompt_ids_packed"]
     readonly_fields = ["conversation"]
 
     @admin.display(description="prompt and completion")
@@ -76,7 +76,7 @@ class InteractionAdmin(ReadOnlyAdmin):
         )
 
     def get_queryset(self, request: HttpRequest) -> Any:
-        return super().get_queryset(request).select_related("org", "route").defer("payload")
+        return super().get_queryset(request).select_related("org", "route").defer("payload", "prompt_ids_packed")
 
 
 # Model credentials live in accounts (accounts must not depend on the proxy); they are

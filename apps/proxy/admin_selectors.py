@@ -9,6 +9,7 @@ from typing import Any
 
 from apps.objects.selectors import object_get
 from apps.objects.services import object_read
+from apps.proxy.capture import staged_payload
 from apps.proxy.models import Interaction
 from apps.proxy.tokenizers import tokenizer_load
 
@@ -29,9 +30,10 @@ class Decoded:
 
 def interaction_payload(*, interaction: Interaction) -> dict[str, Any] | None:
     """The token payload: still staged in the row, or published to the object store."""
-    staged = Interaction.objects.filter(pk=interaction.pk).values_list("payload", flat=True).first()
-    if staged is not None:
-        return staged
+    fresh = Interaction.objects.filter(pk=interaction.pk).first()
+    if fresh is not None and fresh.payload is not None:
+        # Staged prompt ids may be packed or a delta on an earlier call: rebuild them exactly.
+        return staged_payload(interaction=fresh)
     if not interaction.payload_sha256:
         return None
     obj = object_get(org=interaction.org, sha256=interaction.payload_sha256)

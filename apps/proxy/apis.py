@@ -14,7 +14,7 @@ from rest_framework.views import APIView
 from apps.core.fields import IntegerField
 from apps.core.pagination import IdCursorPagination
 from apps.core.serializers import ERRORS, paged
-from apps.proxy import selectors
+from apps.proxy import capture, selectors
 from apps.proxy import serializers as bodies
 from apps.proxy.credentials import interactive_credential_issue
 from apps.proxy.models import Integrity, Interaction, ModelRoute
@@ -113,7 +113,7 @@ class InteractionDetailApi(APIView):
         interaction = selectors.interaction_get(org=request.auth.org, interaction_id=interaction_id)
         data = interaction_dict(interaction)
         if interaction.integrity == Integrity.STAGED:
-            data["payload"] = {"inline": interaction.payload, "download": None}
+            data["payload"] = {"inline": capture.staged_payload(interaction=interaction), "download": None}
         else:
             grant = object_read_grant(org=request.auth.org, sha256=interaction.payload_sha256)
             data["payload"] = {

@@ -3,10 +3,12 @@
 Lifecycle of an Interaction (three independent facts):
 
 * integrity: ``staged`` — the row, written before message_stop (stream) or before the JSON
-  is returned, holds the whole token payload; ``published`` — the evidence publisher
-  (Celery task "evidence.publish" on the evidence queue) uploaded the payload's canonical
-  JSON create-only under its sha256 and committed the reference, clearing the staged
-  payload; ``verified`` — the stored bytes were read back and matched the sha256.
+  is returned, holds the whole token payload (the prompt ids packed, possibly as a delta
+  on the conversation's previous call: prompt_store); ``published`` — the evidence
+  publisher (Celery task "evidence.publish" on the evidence queue) uploaded the payload's
+  canonical JSON, its prompt ids rebuilt, create-only under its sha256 and committed the
+  reference, clearing the staged payload; ``verified`` — the stored bytes were read back
+  and matched the sha256.
 * delivery: ``pending`` until the response is handed over in full (``delivered``), the
   client went away first (``client_disconnected``) or the call failed (``failed``).
 * learning eligibility: ``unknown`` while pending; then ``eligible`` for a delivered call
@@ -34,11 +36,13 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 
 from apps.core.transitions import TransitionTable
 from apps.objects.selectors import object_get
 from apps.objects.services import object_put, object_read
+from apps.proxy import prompt_store
 from apps.proxy.models import Delivery, Eligibility, Integrity, Interaction
 from synth_common.canonical import canonical_bytes
 
@@ -166,9 +170,18 @@ def _payload(interaction_id: str, rec: CaptureRecord, logprobs: list[float | Non
     }
 
 
-def interaction_stage(*, rec: CaptureRecord, delivery: str = Delivery.PENDING) -> Interaction:
+def conversation_key(rec: CaptureRecord) -> prompt_store.ConversationKey:
+    """Whose calls extend each other: one caller's session and agent on one route."""
+    return (rec.org_id, rec.credential_id, rec.token_id, rec.route_id, rec.session_id, rec.agent_id)
+
+
+def interaction_stage(*, rec: CaptureRecord, delivery: str = Delivery.PENDING, compact: bool = True) -> Interaction:
     """Write the row with its whole payload (integrity staged). Called before the
-    response completes; `delivery` is pending unless the call already failed."""
+    response completes; `delivery` is pending unless the call already failed.
+
+    The prompt ids go to the row's packed prompt columns, a delta on the conversation's
+    previous call when it extends it (prompt_store); `compact=False`, or ids that do not
+    pack, keeps them in the JSON payload as rows staged before compact prompts did."""
     logprobs, finite = finite_floats(rec.logprobs)
     interaction = Interaction(
         org_id=rec.org_id,
@@ -197,13 +210,37 @@ def interaction_stage(*, rec: CaptureRecord, delivery: str = Delivery.PENDING) -
         delivery_error=rec.error,
         integrity=Integrity.STAGED,
     )
-    interaction.payload = _payload(interaction.id, rec, logprobs)
+    payload = _payload(interaction.id, rec, logprobs)
+    key = conversation_key(rec)
+    prompt = prompt_store.prompt_encode(key=key, ids=rec.prompt_ids) if compact else None
+    if prompt is not None:
+        del payload["prompt_ids"]  # rebuilt into the same place when published
+        interaction.prompt_ids_packed = prompt.packed
+        interaction.prompt_base_id = prompt.base_id
+        interaction.prompt_shared = prompt.shared
+        interaction.prompt_depth = prompt.depth
+        interaction.prompt_sha256 = prompt.sha256
+    interaction.payload = payload
     if not finite or len(rec.logprobs) != len(rec.output_ids):
         # Known now and independent of delivery: no importance weights for this call.
         interaction.eligibility = Eligibility.INELIGIBLE
         interaction.eligibility_reason = "logprobs missing or not finite"
     interaction.save(force_insert=True)
+    if prompt is not None:
+        # A base only once committed: a row rolled back must never be a later call's base.
+        transaction.on_commit(
+            lambda: prompt_store.prompt_remember(key=key, interaction_id=interaction.id, staged=prompt)
+        )
     return interaction
+
+
+def staged_payload(*, interaction: Interaction) -> dict[str, Any]:
+    """A staged interaction's whole payload, its prompt ids rebuilt: what gets published."""
+    if interaction.payload is None:
+        raise ValueError(f"{interaction.id} is staged without a payload")
+    payload = dict(interaction.payload)
+    payload["prompt_ids"] = prompt_store.staged_prompt_ids(interaction=interaction, payload=payload)
+    return payload
 
 
 def _eligibility(interaction: Interaction, delivery: str) -> tuple[str, str]:
@@ -265,9 +302,7 @@ def interaction_publish(*, interaction_id: str) -> str:
     if interaction is None:
         return "missing"
     if interaction.integrity == Integrity.STAGED:
-        if interaction.payload is None:
-            raise ValueError(f"{interaction_id} is staged without a payload")
-        data = canonical_bytes(interaction.payload)
+        data = canonical_bytes(staged_payload(interaction=interaction))
         obj = object_put(org=interaction.org, data=data, content_type=PAYLOAD_CONTENT_TYPE)
         # A claim: a concurrent publisher that got here first already did the same.
         interaction_transition(
@@ -279,6 +314,8 @@ def interaction_publish(*, interaction_id: str) -> str:
                 "payload_size": obj.size,
                 "published_at": timezone.now(),
                 "payload": None,
+                # Later calls based on this one read its prompt from the published object.
+                "prompt_ids_packed": None,
             },
         )
         interaction.refresh_from_db(fields=["integrity", "payload_sha256"])

@@ -71,8 +71,9 @@ class Interaction(models.Model):
     """One model call as the proxy served it: correlation, exact tokens, three states.
 
     The token payload (prompt ids, sampled ids, logprobs, effective prompt, fitting) is
-    staged in `payload` before the response completes, then published to object storage
-    by the evidence publisher, which sets `payload_sha256` and clears `payload`.
+    staged before the response completes, the prompt ids packed in `prompt_ids_*` and the
+    rest in `payload`, then published to object storage by the evidence publisher, which
+    sets `payload_sha256` and clears the staged columns.
     Delivery, integrity and learning eligibility are separate facts with separate states.
     """
 
@@ -110,6 +111,19 @@ class Interaction(models.Model):
     # Integrity.
     integrity = models.CharField(max_length=16, choices=Integrity.choices, default=Integrity.STAGED)
     payload = models.JSONField(null=True, blank=True, help_text="staged token payload; cleared once published")
+    # The staged prompt ids, compact (apps/proxy/prompt_store.py), outside the JSON payload:
+    # little-endian uint32 ids, the whole prompt (a snapshot, no base) or, after the first
+    # `prompt_shared` ids of the base interaction's prompt, the rest (a delta). Null on rows
+    # staged before this existed (their ids are in `payload`); cleared once published.
+    prompt_ids_packed = models.BinaryField(null=True, blank=True)
+    # Not a foreign key: the base may be deleted on its own; the reader then falls back.
+    # All nullable: adding them rewrites no existing row.
+    prompt_base_id = models.CharField(max_length=40, null=True, blank=True)  # None: a snapshot
+    prompt_shared = models.PositiveIntegerField(null=True, blank=True)
+    prompt_depth = models.PositiveSmallIntegerField(null=True, blank=True, help_text="deltas since the snapshot")
+    prompt_sha256 = models.CharField(  # None on rows staged before
+        max_length=64, null=True, blank=True, help_text="sha256 of the whole prompt, packed"
+    )
     payload_sha256 = models.CharField(max_length=64, blank=True)
     payload_size = models.PositiveBigIntegerField(null=True, blank=True)
     published_at = models.DateTimeField(null=True, blank=True)

@@ -51,7 +51,7 @@ def route_resolve(*, name: str) -> ModelRoute | None:
 def interaction_list(
     *, org: Organization, run_id: str | None = None, trial_id: str | None = None
 ) -> QuerySet[Interaction]:
-    qs = Interaction.objects.filter(org=org).select_related("route").defer("payload")
+    qs = Interaction.objects.filter(org=org).select_related("route").defer("payload", "prompt_ids_packed")
     if run_id:
         qs = qs.filter(run_id=run_id)
     if trial_id:

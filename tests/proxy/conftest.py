@@ -20,7 +20,7 @@ from django.conf import settings
 from django.test import AsyncClient
 
 from apps.accounts.services import model_credential_issue
-from apps.proxy import capture
+from apps.proxy import capture, prompt_store
 from apps.proxy.models import ModelRoute
 from apps.proxy.prefix_cache import cache as prefix_cache
 from apps.proxy.routes import route_upsert
@@ -49,6 +49,7 @@ def _isolate(monkeypatch) -> Iterator[list[str]]:
     published: list[str] = []
     monkeypatch.setattr(capture, "publish_enqueue", lambda *, interaction_id: published.append(interaction_id))
     prefix_cache.clear()
+    prompt_store.bases.clear()
     yield published
     sampler_cache_clear()  # scripted samplers count calls: each test starts from call 0
 

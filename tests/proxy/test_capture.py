@@ -104,7 +104,7 @@ def test_payload_is_complete_and_re_renders_to_the_same_ids(alice, qwen3_tokeniz
     r = call("/v1/messages", secret=secret, body=body(thinking={"type": "adaptive"}), headers=headers)
     assert r.status == 200
     interaction = Interaction.objects.get()
-    payload = interaction.payload
+    payload = capture.staged_payload(interaction=interaction)
     assert payload["format"] == "synth.interaction/1" and payload["id"] == interaction.id
     assert (payload["run_id"], payload["trial_id"], payload["session_id"]) == ("run_9", "trl_9", "s-1")
     assert payload["route"]["name"] == "qwen3-test" and payload["snapshot"]["backend"] == "scripted"
@@ -131,7 +131,7 @@ def test_fitting_is_recorded_and_the_effective_prompt_captured(alice):
     r = call("/v1/messages", secret=alice.secret, body=body(messages=messages, max_tokens=4000, stream=True))
     assert r.status == 200 and r.events()[-1][0] == "message_stop", r.body
     interaction = Interaction.objects.get()
-    payload = interaction.payload
+    payload = capture.staged_payload(interaction=interaction)
     assert interaction.fitted and payload["fitting"][0]["tool_use_id"] == "toolu_1"
     assert payload["original_prompt_tokens"] > 800 >= len(payload["prompt_ids"])
     assert payload["sampling"] == {
@@ -174,7 +174,7 @@ def test_client_disconnect_during_sampling(alice, qwen3_tokenizer, monkeypatch, 
     interaction = Interaction.objects.get()
     assert interaction.delivery == Delivery.CLIENT_DISCONNECTED
     assert interaction.eligibility == Eligibility.INELIGIBLE and "disconnected" in interaction.eligibility_reason
-    assert interaction.payload["output_ids"] == [] and interaction.payload["prompt_ids"]
+    assert interaction.payload["output_ids"] == [] and capture.staged_payload(interaction=interaction)["prompt_ids"]
     assert published == [interaction.id]
     from apps.proxy import pool
 
@@ -202,11 +202,12 @@ def test_publish_uploads_create_only_and_verifies(alice, qwen3_tokenizer):
     make_route(backend="scripted", config=scripted(qwen3_tokenizer, "Fine.<|im_end|>"))
     call("/v1/messages", secret=issue(alice.org, "qwen3-test"), body=body())
     interaction = Interaction.objects.get()
-    staged_payload = interaction.payload
+    staged_payload = capture.staged_payload(interaction=interaction)
     assert capture.interaction_publish(interaction_id=interaction.id) == Integrity.VERIFIED
     interaction.refresh_from_db()
     data = canonical_bytes(staged_payload)
     assert interaction.integrity == Integrity.VERIFIED and interaction.payload is None
+    assert interaction.prompt_ids_packed is None  # the staged prompt is cleared with the payload
     assert interaction.payload_sha256 == hashlib.sha256(data).hexdigest() and interaction.payload_size == len(data)
     stored = StoredObject.objects.get(org=alice.org, sha256=interaction.payload_sha256)
     # The published bytes alone reproduce the prompt: re-render their request.
@@ -352,3 +353,238 @@ def test_client_disconnect_after_staging(alice, qwen3_tokenizer, published):
     interaction = Interaction.objects.get()
     assert interaction.delivery == Delivery.CLIENT_DISCONNECTED and interaction.payload["output_ids"]
     assert interaction.integrity == Integrity.STAGED and published == [interaction.id]
+
+
+# COMPACT PROMPTS: packed ids, deltas on the conversation's previous call
+# ------------------------------------------------------------------------------
+
+
+def record(org, route, ids: list[int], *, session: str = "s-1", agent: str = "") -> capture.CaptureRecord:
+    """A capture of a call whose prompt was `ids` (no proxy call: the ids are the test's)."""
+    return capture.CaptureRecord(
+        org_id=org.id,
+        principal_kind="attempt",
+        credential_id="mcr_test",
+        token_id="",
+        run_id="run_1",
+        trial_id="trl_1",
+        correlation_id="trl_1",
+        session_id=session,
+        agent_id=agent,
+        parent_agent_id="",
+        request_id="req_1",
+        route_id=route.id,
+        route={"name": route.name, "family": route.family},
+        model_requested="sonnet",
+        stream=True,
+        snapshot={"backend": "scripted"},
+        request={"messages": [{"role": "user", "content": "go"}]},
+        sampling={"max_tokens": 10},
+        fitting=[],
+        original_prompt_tokens=len(ids),
+        prompt_ids=ids,
+        prompt_reused_ids=0,
+        output_ids=[7, 8, 151645],
+        logprobs=[-0.25, -1.0e-7, -3.3333333333333335],
+        finish="stop",
+    )
+
+
+def ids_of(n: int, seed: int) -> list[int]:
+    import random
+
+    rng = random.Random(seed)
+    # Ids beyond 16 bits, and one beyond 31, so a narrow or signed packing would show.
+    return [rng.randrange(152_000) for _ in range(n - 1)] + [2**31 + seed]
+
+
+@pytest.fixture
+def stage(django_capture_on_commit_callbacks):
+    """Stage as the proxy does, each row committed (so it may be the next call's base)."""
+
+    def run(rec: capture.CaptureRecord, **kw) -> Interaction:
+        with django_capture_on_commit_callbacks(execute=True):
+            interaction = capture.interaction_stage(rec=rec, **kw)
+        return Interaction.objects.get(pk=interaction.pk)
+
+    return run
+
+
+def published_ids(interaction: Interaction) -> list[int]:
+    assert capture.interaction_publish(interaction_id=interaction.id) == Integrity.VERIFIED
+    interaction.refresh_from_db()
+    stored = StoredObject.objects.get(org=interaction.org, sha256=interaction.payload_sha256)
+    return json.loads(object_read(obj=stored))["prompt_ids"]
+
+
+def test_a_session_of_extending_calls_is_staged_as_deltas(alice, stage):
+    route = make_route()
+    prompts = [ids_of(20_000, 0)]
+    for turn in range(1, 6):  # each call: the previous prompt, then its answer and a new observation
+        prompts.append(prompts[-1] + ids_of(300 * turn, turn))
+    rows = [stage(record(alice.org, route, ids)) for ids in prompts]
+
+    assert rows[0].prompt_base_id is None and rows[0].prompt_depth == 0
+    assert len(rows[0].prompt_ids_packed) == 4 * len(prompts[0]) and "prompt_ids" not in rows[0].payload
+    for previous, row, ids, before in zip(rows, rows[1:], prompts[1:], prompts, strict=False):
+        assert (row.prompt_base_id, row.prompt_shared) == (previous.id, len(before))
+        assert len(row.prompt_ids_packed) == 4 * (len(ids) - len(before))  # only what is new
+        assert row.prompt_depth == previous.prompt_depth + 1
+    for row, ids in zip(rows, prompts, strict=True):
+        assert capture.staged_payload(interaction=row)["prompt_ids"] == ids
+        assert row.prompt_tokens == len(ids)
+    # Published out of order: a base published first is read from its object.
+    for index in (2, 0, 5, 1, 4, 3):
+        assert published_ids(rows[index]) == prompts[index]
+        assert Interaction.objects.get(pk=rows[index].pk).prompt_ids_packed is None
+
+
+def test_a_call_that_does_not_extend_the_previous_one(alice, stage):
+    route = make_route()
+    first = ids_of(40_000, 1)
+    base = stage(record(alice.org, route, first))
+    # History rewritten at 90% (past the first compared chunks): a delta sharing exactly that.
+    cut = 36_001
+    rewritten = first[:cut] + ids_of(5_000, 2)
+    partial = stage(record(alice.org, route, rewritten))
+    assert (partial.prompt_base_id, partial.prompt_shared) == (base.id, cut)
+    # A new conversation in the same session (compaction): shares too little, a snapshot.
+    fresh = first[:100] + ids_of(30_000, 3)
+    snapshot = stage(record(alice.org, route, fresh))
+    assert snapshot.prompt_base_id is None and snapshot.prompt_depth == 0
+    # A shorter prompt that is a prefix of the previous one: a delta with nothing new.
+    shorter = stage(record(alice.org, route, fresh[:20_000]))
+    assert (shorter.prompt_base_id, shorter.prompt_shared, bytes(shorter.prompt_ids_packed)) == (
+        snapshot.id,
+        20_000,
+        b"",
+    )
+    # Another session, another agent: never each other's base.
+    other = stage(record(alice.org, route, fresh, session="s-2"))
+    subagent = stage(record(alice.org, route, fresh, agent="agent-2"))
+    assert other.prompt_base_id is None and subagent.prompt_base_id is None
+    for row, ids in [(base, first), (partial, rewritten), (snapshot, fresh), (shorter, fresh[:20_000])]:
+        assert capture.staged_payload(interaction=row)["prompt_ids"] == ids
+        assert published_ids(row) == ids
+
+
+def test_delta_chains_are_bounded(alice, stage):
+    from apps.proxy.prompt_store import MAX_DEPTH
+
+    route = make_route()
+    prompts = [ids_of(2_000, 0)]
+    for turn in range(1, 2 * MAX_DEPTH + 4):
+        prompts.append(prompts[-1] + ids_of(50, turn))
+    rows = [stage(record(alice.org, route, ids)) for ids in prompts]
+    depths = [row.prompt_depth for row in rows]
+    expected = list(range(MAX_DEPTH + 1))
+    assert depths == (expected * 3)[: len(rows)]  # a snapshot after MAX_DEPTH deltas
+    assert [row.prompt_base_id is None for row in rows].count(True) == 3
+    for row, ids in zip(rows, prompts, strict=True):
+        assert capture.staged_payload(interaction=row)["prompt_ids"] == ids
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_calls_of_one_session(alice):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connection
+
+    route = make_route()
+    common = ids_of(30_000, 8)
+    first = capture.interaction_stage(rec=record(alice.org, route, common))  # autocommit: a base at once
+    prompts = [common + ids_of(200 + 10 * i, 100 + i) for i in range(8)]
+
+    def stage_one(ids: list[int]) -> str:
+        try:
+            return capture.interaction_stage(rec=record(alice.org, route, ids)).id
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        staged = list(pool.map(stage_one, prompts))
+    rows = {row.id: row for row in Interaction.objects.filter(pk__in=staged)}
+    ids_by_row = dict(zip(staged, prompts, strict=True))
+    # Each is a delta on the first call or on a sibling staged just before it.
+    assert all(row.prompt_base_id in {first.id, *staged} and row.prompt_shared >= 30_000 for row in rows.values())
+    for row_id, ids in ids_by_row.items():
+        assert capture.staged_payload(interaction=rows[row_id])["prompt_ids"] == ids
+    for row_id in reversed(staged):  # publication clears bases under later rows
+        assert published_ids(rows[row_id]) == ids_by_row[row_id]
+
+
+def test_an_uncommitted_call_is_never_a_base(alice, stage):
+    route = make_route()
+    first = ids_of(3_000, 4)
+    capture.interaction_stage(rec=record(alice.org, route, first))  # not committed (yet)
+    second = stage(record(alice.org, route, first + [1, 2, 3]))
+    assert second.prompt_base_id is None
+
+
+def test_a_missing_base_falls_back_to_re_rendering_the_request(
+    alice, qwen3_tokenizer, django_capture_on_commit_callbacks
+):
+    make_route(backend="scripted", config={**scripted(qwen3_tokenizer, "Looking.<|im_end|>"), "cycle": True})
+    secret = issue(alice.org, "qwen3-test")
+    headers = {"x-claude-code-session-id": "s-9"}
+    first = body()
+    second = body(
+        messages=[
+            *first["messages"],
+            {"role": "assistant", "content": "Looking."},
+            {"role": "user", "content": "and now the linter"},
+        ]
+    )
+    rows = []
+    for request in (first, second):
+        with django_capture_on_commit_callbacks(execute=True):
+            assert call("/v1/messages", secret=secret, body=request, headers=headers).status == 200
+        rows.append(Interaction.objects.order_by("-created_at", "-id").first())
+    base, delta = rows
+    assert delta.prompt_base_id == base.id and delta.prompt_shared > 0
+    expected = capture.staged_payload(interaction=delta)["prompt_ids"]
+    assert (
+        expected[: delta.prompt_shared] == capture.staged_payload(interaction=base)["prompt_ids"][: delta.prompt_shared]
+    )
+    base.delete()  # gone before the delta was published
+    assert published_ids(delta) == expected
+
+
+def test_an_unrebuildable_prompt_is_an_error_not_a_wrong_prompt(alice, stage):
+    from apps.proxy.prompt_store import PromptUnrecoverable
+
+    route = make_route()
+    first = ids_of(3_000, 5)
+    base = stage(record(alice.org, route, first))
+    delta = stage(record(alice.org, route, first + [9, 9, 9]))
+    assert delta.prompt_base_id == base.id
+    # A base altered behind its back: the rebuilt prompt fails its sha256, and this
+    # record's request does not re-render to its ids either.
+    Interaction.objects.filter(pk=base.pk).update(prompt_ids_packed=bytes(4) + bytes(base.prompt_ids_packed)[4:])
+    with pytest.raises(PromptUnrecoverable):
+        capture.interaction_publish(interaction_id=delta.id)
+    assert Interaction.objects.get(pk=delta.pk).integrity == Integrity.STAGED  # the sweeper retries it
+
+
+def test_the_published_object_is_the_one_staged_before_compact_prompts(alice, stage):
+    route = make_route()
+    first = ids_of(10_000, 6)
+    stage(record(alice.org, route, first))
+    rec = record(alice.org, route, first + ids_of(500, 7))
+    compact = stage(rec)
+    assert compact.prompt_base_id is not None
+    legacy = stage(rec, compact=False)  # the same call staged as before: the ids in the JSON payload
+    assert legacy.prompt_ids_packed is None and legacy.payload["prompt_ids"] == rec.prompt_ids
+    before = canonical_bytes({**legacy.payload, "id": compact.id})
+    assert capture.interaction_publish(interaction_id=compact.id) == Integrity.VERIFIED
+    compact.refresh_from_db()
+    assert object_read(obj=StoredObject.objects.get(org=alice.org, sha256=compact.payload_sha256)) == before
+    assert compact.payload_sha256 == hashlib.sha256(before).hexdigest()
+    # Rows staged before compact prompts still publish as they did.
+    assert published_ids(legacy) == rec.prompt_ids
+    assert legacy.payload_sha256 == hashlib.sha256(canonical_bytes(legacy_payload(legacy, rec))).hexdigest()
+
+
+def legacy_payload(interaction: Interaction, rec: capture.CaptureRecord) -> dict:
+    logprobs, _ = capture.finite_floats(rec.logprobs)
+    return json.loads(json.dumps(capture._payload(interaction.id, rec, logprobs)))

@@ -5,6 +5,7 @@ readable by its organization through /api/interactions."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +19,8 @@ import redis
 from django.conf import settings
 from django.db import connection
 
+from apps.objects.selectors import object_get
+from apps.objects.services import object_read
 from apps.proxy import capture
 from apps.proxy.models import Delivery, Eligibility, Integrity, Interaction
 from tests.conftest import make_member
@@ -99,8 +102,15 @@ def test_published_by_a_real_worker(live_server_asgi, evidence_worker, qwen3_tok
     else:
         pytest.fail(f"not published: {states}\n{evidence_worker.read_text(errors='replace')[-3000:]}")
 
+    # The second call repeats the first's prompt: staged as a delta on it, published whole.
+    first, second = Interaction.objects.order_by("created_at", "id")
+    assert second.prompt_base_id == first.id and second.prompt_shared == first.prompt_tokens
+    objects = [json.loads(object_read(obj=object_get(org=alice.org, sha256=i.payload_sha256))) for i in (first, second)]
+    assert objects[1]["prompt_ids"] == objects[0]["prompt_ids"] and len(objects[0]["prompt_ids"]) == first.prompt_tokens
+
     for interaction in Interaction.objects.all():
-        assert interaction.payload is None and interaction.delivery == Delivery.DELIVERED
+        assert interaction.payload is None and interaction.prompt_ids_packed is None
+        assert interaction.delivery == Delivery.DELIVERED
         assert interaction.eligibility == Eligibility.ELIGIBLE
         detail = alice.client.get(f"/api/interactions/{interaction.id}").json()
         url = urlparse(detail["payload"]["download"]["url"])

@@ -8,6 +8,7 @@ import time
 import anthropic
 import pytest
 
+from apps.proxy import capture
 from apps.proxy.models import Delivery, Eligibility, Integrity, Interaction
 from tests.conftest import make_member
 from tests.proxy.conftest import encode, issue, make_route, scripted
@@ -78,7 +79,7 @@ def test_tool_loop_streaming_and_not(live_server_asgi, member, qwen3_tokenizer):
     assert settled.delivery == Delivery.DELIVERED and settled.eligibility == Eligibility.ELIGIBLE
     assert rows[0].stream and not rows[1].stream
     # The third call extends the second: its prompt reused the cached prefix, exactly.
-    payload = rows[2].payload or {}
+    payload = capture.staged_payload(interaction=rows[2])
     assert payload["prompt_reused_ids"] > 0
     from apps.proxy.adapters.registry import adapter_for
 
