@@ -431,6 +431,13 @@ class RunTrialsApi(RunCollectionApi):
         return super().get(request, run_id)
 
 
+class TrialDetailApi(APIView):
+    @extend_schema(responses={200: dict}, description="One trial (as in a run's trial list) with its run id.")
+    def get(self, request: Request, trial_id: str) -> Response:
+        trial = selectors.trial_get(org=request.auth.org, trial_id=trial_id)
+        return Response({**trial_dict(trial), "run": trial.run_id})
+
+
 class RunArtifactsApi(RunCollectionApi):
     """Artifacts with their digest, size and a time-limited download grant."""
 

@@ -11,6 +11,7 @@ urlpatterns = [
     path("runs/<str:run_id>/groups", apis.RunGroupsApi.as_view(), name="run-groups"),
     path("runs/<str:run_id>/trials", apis.RunTrialsApi.as_view(), name="run-trials"),
     path("runs/<str:run_id>/artifacts", apis.RunArtifactsApi.as_view(), name="run-artifacts"),
+    path("trials/<str:trial_id>", apis.TrialDetailApi.as_view(), name="trial-detail"),
     path("worker/claims", apis.WorkerClaimApi.as_view(), name="worker-claim"),
     path(
         "worker/leases/<str:lease_id>/heartbeat",

@@ -6,10 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.utils import extend_schema, extend_schema_view
+from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.core.pagination import IdCursorPagination
 from apps.runs.apis import RunCollectionApi
 from apps.runs.models import Run
 from apps.training import selectors
@@ -75,6 +77,20 @@ class RunCheckpointsApi(RunCollectionApi):
 
     def render(self, rows: list[Any], request: Request) -> list[dict[str, Any]]:
         return [checkpoint_dict(c) for c in rows]
+
+
+class CheckpointListApi(APIView):
+    class FilterSerializer(serializers.Serializer):
+        run = serializers.CharField(required=False)
+
+    @extend_schema(parameters=[FilterSerializer], responses={200: dict}, description="The organization's checkpoints.")
+    def get(self, request: Request) -> Response:
+        filters = self.FilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        qs = selectors.checkpoint_list(org=request.auth.org, run_id=filters.validated_data.get("run"))
+        paginator = IdCursorPagination()
+        page = paginator.paginate_queryset(qs, request, view=self)
+        return paginator.get_paginated_response([checkpoint_dict(c) for c in page])
 
 
 class CheckpointDetailApi(APIView):
