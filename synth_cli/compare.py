@@ -120,7 +120,7 @@ def _diff(a: Any, b: Any) -> float | None:
 
 def compare_rewards(*, a: dict[str, list[float]], b: dict[str, list[float]], resamples: int = 2000) -> dict[str, Any]:
     """The comparison of two runs' per-task rewards (the `--json` shape without run ids)."""
-    tasks = []
+    tasks: list[dict[str, Any]] = []
     for name in sorted(set(a) | set(b)):
         side_a, side_b = _side(a.get(name)), _side(b.get(name))
         intervals = bootstrap(a=[a.get(name) or []], b=[b.get(name) or []], resamples=resamples)
@@ -148,8 +148,8 @@ def compare_rewards(*, a: dict[str, list[float]], b: dict[str, list[float]], res
         values = [t[side]["pass_at_k"][k] for t in tasks if t["task"] in shared and k in t[side]["pass_at_k"]]
         return _mean(values)
 
-    overall_a = {"mean": _mean_of_means(strata_a), "ci": overall_intervals["a"]}
-    overall_b = {"mean": _mean_of_means(strata_b), "ci": overall_intervals["b"]}
+    overall_a: dict[str, Any] = {"mean": _mean_of_means(strata_a), "ci": overall_intervals["a"]}
+    overall_b: dict[str, Any] = {"mean": _mean_of_means(strata_b), "ci": overall_intervals["b"]}
     overall_a["pass_at_k"] = {
         k: pass_mean("a", k) for k in ks if all(k in t["a"]["pass_at_k"] for t in tasks if t["task"] in shared)
     }

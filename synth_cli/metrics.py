@@ -96,7 +96,7 @@ def rows_tensorboard(rows: list[dict[str, Any]], *, directory: Path) -> int:
 
 def rows_wandb(rows: list[dict[str, Any]], *, directory: Path, run: str) -> None:
     try:
-        import wandb  # type: ignore[import-not-found]
+        import wandb
     except ImportError:
         raise CliError("--format wandb needs the wandb package (pip install wandb)") from None
     directory.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounts.permissions import IsWorker
+from apps.accounts.principal import Principal
 from apps.core.fields import IntegerField
 from apps.core.inputs import query_int
 from apps.core.pagination import IdCursorPagination, OldestFirstPagination
@@ -434,7 +435,10 @@ class RunTrialsApi(RunCollectionApi):
 class TrialDetailApi(APIView):
     @extend_schema(responses={200: dict}, description="One trial (as in a run's trial list) with its run id.")
     def get(self, request: Request, trial_id: str) -> Response:
-        trial = selectors.trial_get(org=request.auth.org, trial_id=trial_id)
+        principal = request.auth
+        # IsMember (the default permission) only admits members, who always have an org.
+        assert isinstance(principal, Principal) and principal.org is not None
+        trial = selectors.trial_get(org=principal.org, trial_id=trial_id)
         return Response({**trial_dict(trial), "run": trial.run_id})
 
 

@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.accounts.principal import Principal
 from apps.core.pagination import IdCursorPagination
 from apps.runs.apis import RunCollectionApi
 from apps.runs.models import Run
@@ -87,9 +88,12 @@ class CheckpointListApi(APIView):
     def get(self, request: Request) -> Response:
         filters = self.FilterSerializer(data=request.query_params)
         filters.is_valid(raise_exception=True)
-        qs = selectors.checkpoint_list(org=request.auth.org, run_id=filters.validated_data.get("run"))
+        principal = request.auth
+        # IsMember (the default permission) only admits members, who always have an org.
+        assert isinstance(principal, Principal) and principal.org is not None
+        qs = selectors.checkpoint_list(org=principal.org, run_id=filters.validated_data.get("run"))
         paginator = IdCursorPagination()
-        page = paginator.paginate_queryset(qs, request, view=self)
+        page = paginator.paginate_queryset(qs, request, view=self) or []
         return paginator.get_paginated_response([checkpoint_dict(c) for c in page])
 
 
