@@ -24,7 +24,10 @@ from synth_cli.watch import IntervalOpt, run_watch, watch_command
 RUN_EPILOG = (
     "Examples:\n\n"
     "  synth run start --dataset team/examples@v1 --actor @examples/agent.json --plan @eval-plan.json\n\n"
-    "  synth run events RUN_ID --follow\n\n"
+    "  synth run start --dataset team/examples@v1 --actor oracle --attempts 4 --task 'examples/*' --follow\n\n"
+    "  synth run watch RUN_ID\n\n"
+    "  synth run compare BASELINE_RUN CHECKPOINT_RUN --json\n\n"
+    "  synth run metrics TRAIN_RUN --format tensorboard --out runs/TRAIN_RUN\n\n"
     "  synth run list --status running --json | jq '.[].id'\n\n"
     "  synth run artifacts RUN_ID --download ./out"
 )
@@ -34,7 +37,7 @@ train_app = SynthTyper(
     help="Submit training runs (a run of kind train; inspect it with `synth run ...`).",
     epilog=(
         "Examples:\n\n"
-        "  synth train start --dataset team/examples@v1 --actor @examples/agent.json --plan @train-plan.json\n\n"
+        "  synth train start --dataset team/examples@v1 --actor @examples/agent.json --plan @train-plan.json --follow\n\n"
         "  synth run updates RUN_ID\n\n"
         "  synth run checkpoints RUN_ID"
     ),
