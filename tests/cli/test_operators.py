@@ -334,7 +334,7 @@ def test_metrics_export_csv_jsonl_and_tensorboard_read_back(synth, alice, tmp_pa
     assert bad.exit_code == 2 and "--format must be one of" in one_line(bad.stderr)
 
 
-def test_list_and_show_commands(synth, alice, settings, live_server):
+def test_list_and_show_commands(synth, alice, bob, settings, live_server):
     from apps.proxy.models import Interaction
     from apps.proxy.routes import DEFAULT_ROUTE, route_upsert
     from apps.training.models import Checkpoint
@@ -377,6 +377,9 @@ def test_list_and_show_commands(synth, alice, settings, live_server):
     shown_trial = synth.json("trial", "show", trial.id)
     assert shown_trial["id"] == trial.id and shown_trial["run"] == run.id
     assert trial.id in synth("trial", "show", trial.id).stdout
+    # Another organization sees neither the trial nor the checkpoints.
+    assert bob.client.get(f"/api/trials/{trial.id}").status_code == 404
+    assert bob.client.get("/api/checkpoints").json()["results"] == []
     gone = synth("trial", "show", "trl_doesnotexist")
     assert gone.exit_code == 1 and one_line(gone.stderr) == "synth: trial trl_doesnotexist not found (404)"
 
@@ -415,3 +418,18 @@ def test_a_closed_pipe_ends_quietly(live_server, alice):
         stderr = proc.stderr.read()
         assert proc.wait(timeout=60) == 0, (args, stderr)
         assert stderr == b"", (args, stderr)
+
+
+def test_compare_counts_the_agents_own_failures_as_the_run_summary_does():
+    from synth_cli.compare import task_rewards
+
+    run = {"summary": {"per_task": {"t": {"assessed": 3}}}}  # 2 rewarded + 1 agent timeout
+    trials = [
+        {"task": "t", "reward": 1.0},
+        {"task": "t", "reward": 0.5},
+        {"task": "t", "reward": None},  # the agent timed out: assessed, as 0
+        {"task": "t", "reward": None},  # a platform error: not assessed
+    ]
+    assert task_rewards(run=run, trials=trials) == {"t": [1.0, 0.5, 0.0]}
+    # A run still going has no summary: only rewarded attempts count.
+    assert task_rewards(run={"summary": {}}, trials=trials) == {"t": [1.0, 0.5]}
