@@ -12,6 +12,7 @@ import typer
 from synth_cli.config import settings_load
 from synth_cli.errors import CliError
 from synth_cli.http import Api, transport_reason
+from synth_cli.output import stdout_discard
 
 JsonOpt = Annotated[
     bool,
@@ -40,6 +41,11 @@ def guarded[F: Callable[..., Any]](fn: F) -> F:
             )
             typer.echo(f"synth: cannot reach {origin}: {transport_reason(exc)}", err=True)
             raise typer.Exit(1) from None
+        except BrokenPipeError:
+            # The reader went away (`synth run list | head`): what it read was what it
+            # wanted, so this is no failure and no message.
+            stdout_discard()
+            raise typer.Exit(0) from None
         except OSError as exc:
             # Local files: a full disk, a folder we may not write to.
             where = f"{exc.filename}: " if exc.filename else ""

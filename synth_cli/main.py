@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from synth_cli import __version__
+from synth_cli.browse import (
+    checkpoint_app,
+    dataset_list_command,
+    interaction_app,
+    model_app,
+    profile_list_command,
+    trial_app,
+)
 from synth_cli.cli import JsonOpt, SynthTyper, api_open
 from synth_cli.config import Settings, claude_bin, config_read, config_write, url_normalize
 from synth_cli.datasets import dataset_app
 from synth_cli.errors import ApiError, CliError
 from synth_cli.http import Api
-from synth_cli.output import Ui
+from synth_cli.output import Ui, stdout_discard
 from synth_cli.profiles import profile_app
 from synth_cli.runs import run_app, train_app
 
@@ -25,25 +34,37 @@ app = SynthTyper(
         "  synth login --url https://synth.example.com\n\n"
         "  synth dataset push examples/tasks --name team/examples --version v1\n\n"
         "  synth run start --dataset team/examples@v1 --actor @examples/agent.json --plan @eval-plan.json\n\n"
-        "  synth run events RUN_ID --follow\n\n"
+        "  synth run watch RUN_ID\n\n"
+        "  synth trial logs TRIAL_ID | less\n\n"
+        "Shell completion: synth --install-completion. "
         "Configuration: SYNTH_API_URL and SYNTH_TOKEN override the file written by `synth login` "
         "(${SYNTH_CONFIG_DIR:-~/.config/synth}/config.json). Every command takes --json. "
         "Exit codes: 0 success, 1 failed operation, 2 bad usage."
     ),
     pretty_exceptions_enable=False,
-    add_completion=False,
+    # --install-completion / --show-completion for bash, zsh, fish and PowerShell.
+    add_completion=True,
 )
 app.add_typer(run_app, name="run")
 app.add_typer(train_app, name="train")
 app.add_typer(dataset_app, name="dataset")
 app.add_typer(profile_app, name="profile")
+app.add_typer(model_app, name="model")
+app.add_typer(checkpoint_app, name="checkpoint")
+app.add_typer(interaction_app, name="interaction")
+app.add_typer(trial_app, name="trial")
+dataset_app.command("list")(dataset_list_command)
+profile_app.command("list")(profile_list_command)
 agent_app = SynthTyper(help="Run one agent attempt on a local task folder (needs the execution core).")
 app.add_typer(agent_app, name="agent")
 
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"synth {__version__}")
+        try:
+            typer.echo(f"synth {__version__}")
+        except BrokenPipeError:
+            stdout_discard()  # outside a guarded command: as quiet as inside one
         raise typer.Exit()
 
 
@@ -208,7 +229,16 @@ def claude_command(
 
 
 def main() -> None:
-    app(prog_name="synth")
+    try:
+        app(prog_name="synth")
+    except BrokenPipeError:
+        # Raised outside a command (click's own output, a final flush): as quiet as inside.
+        stdout_discard()
+    finally:
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            stdout_discard()
 
 
 if __name__ == "__main__":

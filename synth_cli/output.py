@@ -8,6 +8,7 @@ spinners, errors) goes to standard error, so `RUN=$(synth run start ...)` and
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -19,13 +20,32 @@ from rich.markup import escape
 from rich.table import Table
 
 
+def stdout_discard() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush into a closed
+    pipe does not fail again on the way out."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass  # not a real file (a test's captured output): nothing will flush into a pipe
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich exits 1 here; a reader that went away (`| head`) is no failure of ours.
+        self.quiet = True
+        stdout_discard()
+        raise typer.Exit(0)
+
+
 class Ui:
     def __init__(self, *, json_mode: bool) -> None:
         self.json_mode = json_mode
         # Not a terminal (a pipe, a file, a test): no colour, and wide enough that ids and
         # digests are not folded mid-token.
         tty = sys.stdout.isatty()
-        self.out = Console(highlight=False, width=None if tty else 200, no_color=not tty)
+        self.out = _Console(highlight=False, width=None if tty else 200, no_color=not tty)
         self.err = Console(stderr=True, highlight=False)
 
     # ------------------------------------------------------------------ JSON

@@ -42,7 +42,7 @@ def _columns(items: list[dict[str, Any]], preferred: list[str]) -> list[str]:
     return present or sorted({k for item in items for k, v in item.items() if not isinstance(v, (dict, list))})
 
 
-def _render_items(ui: Ui, items: list[dict[str, Any]], preferred: list[str], *, empty: str) -> None:
+def render_items(ui: Ui, items: list[dict[str, Any]], preferred: list[str], *, empty: str) -> None:
     if not items:
         ui.note(empty)
         return
@@ -79,7 +79,7 @@ def trials_command(
     if json_output:
         ui.emit_json(trials)
         return
-    _render_items(
+    render_items(
         ui,
         trials,
         ["id", "task", "task_name", "attempt", "status", "reward", "error", "started_at", "finished_at"],
@@ -100,7 +100,7 @@ def checkpoints_command(run_id: Annotated[str, typer.Argument(metavar="RUN_ID")]
     if json_output:
         ui.emit_json(checkpoints)
         return
-    _render_items(
+    render_items(
         ui, checkpoints, ["id", "step", "route", "digest", "milestone", "created_at"], empty="no checkpoints yet"
     )
 
@@ -128,7 +128,7 @@ def updates_command(run_id: Annotated[str, typer.Argument(metavar="RUN_ID")], js
         }
         for u in updates
     ]
-    _render_items(
+    render_items(
         ui, rows, ["step", "status", "datums", "tokens", "reward", "loss", "checkpoint"], empty="no updates yet"
     )
 
@@ -232,4 +232,4 @@ def artifacts_command(
     if json_output:
         ui.emit_json(artifacts)
         return
-    _render_items(ui, artifacts, ["id", "path", "kind", "size", "digest", "created_at"], empty="no artifacts")
+    render_items(ui, artifacts, ["id", "path", "kind", "size", "digest", "created_at"], empty="no artifacts")

@@ -10,19 +10,25 @@ import typer
 
 from synth_cli.agreement import agreement_command
 from synth_cli.cli import JsonOpt, SynthTyper, api_open
+from synth_cli.compare import compare_command
 from synth_cli.config import follow_server_timeout
 from synth_cli.errors import ApiError, CliError, UsageError
 from synth_cli.events import events_follow, events_page_all
 from synth_cli.http import response_json
 from synth_cli.inputs import dataset_ref_parse, json_object_arg, profile_arg
+from synth_cli.metrics import metrics_command
 from synth_cli.output import Ui, cell_text, digest_short, profile_ref_text, time_short
 from synth_cli.profiles import profile_resolve
 from synth_cli.run_outputs import artifacts_command, checkpoints_command, run_path, trials_command, updates_command
+from synth_cli.watch import IntervalOpt, run_watch, watch_command
 
 RUN_EPILOG = (
     "Examples:\n\n"
     "  synth run start --dataset team/examples@v1 --actor @examples/agent.json --plan @eval-plan.json\n\n"
-    "  synth run events RUN_ID --follow\n\n"
+    "  synth run start --dataset team/examples@v1 --actor oracle --attempts 4 --task 'examples/*' --follow\n\n"
+    "  synth run watch RUN_ID\n\n"
+    "  synth run compare BASELINE_RUN CHECKPOINT_RUN --json\n\n"
+    "  synth run metrics TRAIN_RUN --format tensorboard --out runs/TRAIN_RUN\n\n"
     "  synth run list --status running --json | jq '.[].id'\n\n"
     "  synth run artifacts RUN_ID --download ./out"
 )
@@ -32,7 +38,7 @@ train_app = SynthTyper(
     help="Submit training runs (a run of kind train; inspect it with `synth run ...`).",
     epilog=(
         "Examples:\n\n"
-        "  synth train start --dataset team/examples@v1 --actor @examples/agent.json --plan @train-plan.json\n\n"
+        "  synth train start --dataset team/examples@v1 --actor @examples/agent.json --plan @train-plan.json --follow\n\n"
         "  synth run updates RUN_ID\n\n"
         "  synth run checkpoints RUN_ID"
     ),
@@ -58,7 +64,27 @@ ActorNameOpt = Annotated[
     typer.Option("--actor-name", metavar="NAME", help="Profile name for --actor @FILE (default: file stem)."),
 ]
 PlanOpt = Annotated[
-    str, typer.Option("--plan", "-p", metavar="@PLAN.json", help="The plan: @FILE.json or inline JSON.")
+    str | None,
+    typer.Option(
+        "--plan", "-p", metavar="@PLAN.json", help="The plan: @FILE.json or inline JSON (the flags below override it)."
+    ),
+]
+AttemptsOpt = Annotated[
+    int | None, typer.Option("--attempts", min=1, help="Plan key attempts_per_task: attempts of each task.")
+]
+ConcurrencyOpt = Annotated[
+    int | None, typer.Option("--concurrency", min=1, help="Plan key max_concurrency: trials in flight at most.")
+]
+TimeoutMultiplierOpt = Annotated[
+    float | None,
+    typer.Option("--timeout-multiplier", help="Plan key timeout_multiplier (above 0)."),
+]
+TaskOpt = Annotated[
+    list[str] | None,
+    typer.Option("--task", "-t", metavar="GLOB", help="Plan key task_names: only matching tasks (repeatable)."),
+]
+FollowOpt = Annotated[
+    bool, typer.Option("--follow", "-f", help="Then show its live progress (`synth run watch`) until it ends.")
 ]
 JudgeOpt = Annotated[
     str | None,
@@ -81,24 +107,50 @@ KeyOpt = Annotated[
 ]
 
 
+def plan_merge(
+    *,
+    plan: str | None,
+    kind: str,
+    attempts: int | None = None,
+    concurrency: int | None = None,
+    timeout_multiplier: float | None = None,
+    tasks: list[str] | None = None,
+) -> dict[str, Any]:
+    """The plan of --plan (or {}), with the common keys given as flags set over it."""
+    body = json_object_arg(plan, option="--plan") if plan else {}
+    if attempts is not None:
+        if kind == "train":
+            # A training plan sizes its groups with group_size; the server would refuse the key.
+            raise UsageError("--attempts does not apply to training (its plan sets group_size)")
+        body["attempts_per_task"] = attempts
+    if concurrency is not None:
+        body["max_concurrency"] = concurrency
+    if timeout_multiplier is not None:
+        body["timeout_multiplier"] = timeout_multiplier
+    if tasks:
+        body["task_names"] = list(tasks)
+    return body
+
+
 def run_submit(
     *,
     kind: str,
     dataset: str,
     actor: str,
     actor_name: str | None,
-    plan: str,
+    plan_body: dict[str, Any],
     judge: str | None,
     judge_name: str | None,
     idempotency_key: str | None,
     json_output: bool,
+    follow: bool = False,
+    interval: float = 2.0,
 ) -> None:
     ui = Ui(json_mode=json_output)
     # Everything local is checked before the first request (exit 2, nothing published).
     dataset = dataset_ref_parse(dataset)
     actor_spec = profile_arg(actor, option="--actor")
     judge_spec = profile_arg(judge, option="--judge") if judge else None
-    plan_body = json_object_arg(plan, option="--plan")
     if judge_name and not judge:
         raise UsageError("--judge-name needs --judge @FILE.json")
     if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
@@ -110,53 +162,77 @@ def run_submit(
         key = idempotency_key or hashlib.sha256(canonical_json(body)).hexdigest()
         with ui.status("Submitting run..."):
             response = api.request("POST", "/api/runs", json=body, headers={"Idempotency-Key": key})
-    run = response_json(response)
-    if json_output:
-        ui.emit_json(run)
-        return
-    if response.status_code == 201:
-        ui.note(
-            f"started {run.get('kind')} run on {run.get('dataset')} with {profile_ref_text(run.get('actor'))}"
-            f" ({run.get('status')})"
-        )
-    else:
-        ui.note("already submitted (same idempotency key and body): the existing run")
-    ui.line(str(run["id"]))
+        run = response_json(response)
+        if json_output and follow:
+            ui.emit_json_line(run)  # then progress objects: one stream of JSON Lines
+        elif json_output:
+            ui.emit_json(run)
+        else:
+            if response.status_code == 201:
+                ui.note(
+                    f"started {run.get('kind')} run on {run.get('dataset')} with {profile_ref_text(run.get('actor'))}"
+                    f" ({run.get('status')})"
+                )
+            else:
+                ui.note("already submitted (same idempotency key and body): the existing run")
+            ui.line(str(run["id"]))
+        if follow:
+            run_watch(api=api, ui=ui, run_id=str(run["id"]), interval=interval)
 
 
 @run_app.command("start")
 def start_command(
     dataset: DatasetOpt,
     actor: ActorOpt,
-    plan: PlanOpt,
+    plan: PlanOpt = None,
     kind: Annotated[
         str, typer.Option("--kind", "-k", metavar="evaluate|execute", help="evaluate (assessed) or execute (unscored).")
     ] = "evaluate",
+    attempts: AttemptsOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    timeout_multiplier: TimeoutMultiplierOpt = None,
+    task: TaskOpt = None,
     judge: JudgeOpt = None,
     actor_name: ActorNameOpt = None,
     judge_name: JudgeNameOpt = None,
     idempotency_key: KeyOpt = None,
+    follow: FollowOpt = False,
+    interval: IntervalOpt = 2.0,
     json_output: JsonOpt = False,
 ) -> None:
     """Start an evaluation or execution run; prints the run id.
 
     An --actor @FILE recipe is published first (or found, if identical) and pinned by
     version and digest. Repeating the same start returns the same run (safe to retry).
+    --attempts, --concurrency, --timeout-multiplier and --task set their plan keys over
+    --plan (which may then be left out). --follow then shows the run's live progress and
+    exits 0 only if it succeeded.
 
-    --json prints the server's run object (see `synth run show --help`).
+    --json prints the server's run object (see `synth run show --help`); with --follow,
+    JSON Lines: the run object, then progress objects (see `synth run watch --help`).
     """
     if kind not in ("evaluate", "execute"):
         raise UsageError(f"--kind must be evaluate or execute, not {kind!r} (training: `synth train start`)")
+    plan_body = plan_merge(
+        plan=plan,
+        kind=kind,
+        attempts=attempts,
+        concurrency=concurrency,
+        timeout_multiplier=timeout_multiplier,
+        tasks=task,
+    )
     run_submit(
         kind=kind,
         dataset=dataset,
         actor=actor,
         actor_name=actor_name,
-        plan=plan,
+        plan_body=plan_body,
         judge=judge,
         judge_name=judge_name,
         idempotency_key=idempotency_key,
         json_output=json_output,
+        follow=follow,
+        interval=interval,
     )
 
 
@@ -164,28 +240,39 @@ def start_command(
 def train_start_command(
     dataset: DatasetOpt,
     actor: ActorOpt,
-    plan: PlanOpt,
+    plan: PlanOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    timeout_multiplier: TimeoutMultiplierOpt = None,
+    task: TaskOpt = None,
     judge: JudgeOpt = None,
     actor_name: ActorNameOpt = None,
     judge_name: JudgeNameOpt = None,
     idempotency_key: KeyOpt = None,
+    follow: FollowOpt = False,
+    interval: IntervalOpt = 2.0,
     json_output: JsonOpt = False,
 ) -> None:
     """Start a training run (kind train); prints the run id.
 
-    Same arguments as `synth run start`, without --kind.
-    --json prints the server's run object.
+    Same arguments as `synth run start`, without --kind and --attempts (a training plan
+    sets group_size); --follow also shows the current step, its reward and loss.
+    --json prints the server's run object (with --follow, JSON Lines as for run start).
     """
+    plan_body = plan_merge(
+        plan=plan, kind="train", concurrency=concurrency, timeout_multiplier=timeout_multiplier, tasks=task
+    )
     run_submit(
         kind="train",
         dataset=dataset,
         actor=actor,
         actor_name=actor_name,
-        plan=plan,
+        plan_body=plan_body,
         judge=judge,
         judge_name=judge_name,
         idempotency_key=idempotency_key,
         json_output=json_output,
+        follow=follow,
+        interval=interval,
     )
 
 
@@ -357,6 +444,9 @@ def events_command(
 
 # --------------------------------------------------------------------------- what a run produced
 
+run_app.command("watch")(watch_command)
+run_app.command("compare")(compare_command)
+run_app.command("metrics")(metrics_command)
 run_app.command("trials")(trials_command)
 run_app.command("checkpoints")(checkpoints_command)
 run_app.command("updates")(updates_command)

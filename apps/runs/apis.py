@@ -476,6 +476,19 @@ class RunTrialsApi(RunCollectionApi):
         return super().get(request, run_id)
 
 
+class TrialDetailApi(APIView):
+    @extend_schema(
+        responses={200: bodies.TrialDetailSerializer, **ERRORS},
+        description="One trial (as in a run's trial list) with its run id.",
+    )
+    def get(self, request: Request, trial_id: str) -> Response:
+        principal = request.auth
+        # IsMember (the default permission) only admits members, who always have an org.
+        assert isinstance(principal, Principal) and principal.org is not None
+        trial = selectors.trial_get(org=principal.org, trial_id=trial_id)
+        return Response({**trial_dict(trial), "run": trial.run_id})
+
+
 class RunArtifactsApi(RunCollectionApi):
     """Artifacts with their digest, size and a time-limited download grant."""
 

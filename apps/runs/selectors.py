@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db.models import QuerySet
 
 from apps.accounts.models import Organization
@@ -45,6 +47,16 @@ def trial_list(*, run: Run, status: str | None = None) -> QuerySet:
     if status:
         qs = qs.filter(status__in=status.split(","))
     return qs
+
+
+def trial_get(*, org: Organization, trial_id: str) -> Any:
+    from apps.runs.models import Trial
+
+    trial = Trial.objects.filter(run__org=org, pk=trial_id).select_related("task_version").first()
+    if trial is None:
+        # Another organization's trial is indistinguishable from a missing one.
+        raise NotFound(f"trial {trial_id} not found")
+    return trial
 
 
 def artifact_list(*, run: Run, trial_id: str | None = None) -> QuerySet:

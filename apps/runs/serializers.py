@@ -153,6 +153,10 @@ class TrialSerializer(serializers.Serializer):
 
 
 @extend_schema_serializer(component_name="ReadGrant")
+class TrialDetailSerializer(TrialSerializer):
+    run = serializers.CharField(help_text="The run the trial belongs to.")
+
+
 class ReadGrantSerializer(serializers.Serializer):
     url = serializers.CharField()
     method = serializers.CharField()

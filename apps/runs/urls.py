@@ -12,6 +12,7 @@ urlpatterns = [
     path("runs/<str:run_id>/trials", apis.RunTrialsApi.as_view(), name="run-trials"),
     path("runs/<str:run_id>/artifacts", apis.RunArtifactsApi.as_view(), name="run-artifacts"),
     path("runs/<str:run_id>/agreement", apis.RunAgreementApi.as_view(), name="run-agreement"),
+    path("trials/<str:trial_id>", apis.TrialDetailApi.as_view(), name="trial-detail"),
     path("worker/claims", apis.WorkerClaimApi.as_view(), name="worker-claim"),
     path(
         "worker/leases/<str:lease_id>/heartbeat",

@@ -6,10 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.utils import extend_schema, extend_schema_view
+from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.accounts.principal import Principal
+from apps.core.pagination import IdCursorPagination
 from apps.core.serializers import ERRORS, paged
 from apps.runs.apis import RunCollectionApi
 from apps.runs.models import Run
@@ -87,6 +90,27 @@ class RunCheckpointsApi(RunCollectionApi):
 
     def render(self, rows: list[Any], request: Request) -> list[dict[str, Any]]:
         return [checkpoint_dict(c) for c in rows]
+
+
+class CheckpointListApi(APIView):
+    class FilterSerializer(serializers.Serializer):
+        run = serializers.CharField(required=False)
+
+    @extend_schema(
+        parameters=[FilterSerializer],
+        responses={200: paged(bodies.CheckpointSerializer, name="OrgCheckpoints"), **ERRORS},
+        description="The organization's checkpoints (optionally one run's), by the step (from 0) whose update saved them.",
+    )
+    def get(self, request: Request) -> Response:
+        filters = self.FilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        principal = request.auth
+        # IsMember (the default permission) only admits members, who always have an org.
+        assert isinstance(principal, Principal) and principal.org is not None
+        qs = selectors.checkpoint_list(org=principal.org, run_id=filters.validated_data.get("run"))
+        paginator = IdCursorPagination()
+        page = paginator.paginate_queryset(qs, request, view=self) or []
+        return paginator.get_paginated_response([checkpoint_dict(c) for c in page])
 
 
 class CheckpointDetailApi(APIView):

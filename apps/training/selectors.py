@@ -28,6 +28,11 @@ def checkpoint_step(*, checkpoint: Checkpoint) -> int:
     return checkpoint.step - 1
 
 
+def checkpoint_list(*, org: Organization, run_id: str | None = None) -> QuerySet[Checkpoint]:
+    qs = Checkpoint.objects.filter(org=org)
+    return qs.filter(run_id=run_id) if run_id else qs
+
+
 def checkpoint_get(*, org: Organization, checkpoint_id: str) -> Checkpoint:
     checkpoint = Checkpoint.objects.filter(org=org, pk=checkpoint_id).select_related("parent").first()
     if checkpoint is None:
