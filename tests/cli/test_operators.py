@@ -358,7 +358,9 @@ def test_list_and_show_commands(synth, alice, bob, settings, live_server):
     assert [c["id"] for c in synth.json("checkpoint", "list", "--run", "run_other")] == []
     shown = synth.json("checkpoint", "show", second.id)
     assert shown["parent"] == first.id
-    assert shown["lineage"]["ancestors"] == [{"id": first.id, "run": run.id, "step": 1}]
+    assert shown["lineage"]["ancestors"] == [
+        {"id": first.id, "run": run.id, "step": 0}
+    ]  # shown as the step (from 0) of the update that saved it
     human = synth("checkpoint", "show", second.id)
     assert human.exit_code == 0 and f"{first.id} ({run.id} step 1)" in human.stdout
 
