@@ -362,7 +362,7 @@ def test_list_and_show_commands(synth, alice, bob, settings, live_server):
         {"id": first.id, "run": run.id, "step": 0}
     ]  # shown as the step (from 0) of the update that saved it
     human = synth("checkpoint", "show", second.id)
-    assert human.exit_code == 0 and f"{first.id} ({run.id} step 1)" in human.stdout
+    assert human.exit_code == 0 and f"{first.id} ({run.id} step 0)" in human.stdout
 
     route, _ = route_upsert(**DEFAULT_ROUTE)
     run = _dispatched_run(alice.org, key="browse")  # a train run makes its trials only once it learns
