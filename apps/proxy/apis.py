@@ -113,7 +113,8 @@ class InteractionDetailApi(APIView):
         interaction = selectors.interaction_get(org=request.auth.org, interaction_id=interaction_id)
         data = interaction_dict(interaction)
         if interaction.integrity == Integrity.STAGED:
-            data["payload"] = {"inline": capture.staged_payload(interaction=interaction), "download": None}
+            inline = capture.staged_payload(interaction=interaction) if interaction.payload is not None else None
+            data["payload"] = {"inline": inline, "download": None}
         else:
             grant = object_read_grant(org=request.auth.org, sha256=interaction.payload_sha256)
             data["payload"] = {
