@@ -36,6 +36,24 @@ authentication query and its thread hop to the figure; and over running uvicorn 
 thread of this process, which would share the GIL with the client. apps/proxy is not
 modified: the probe lives in this file's --serve entry point.
 
+The floor: the same uvicorn process also serves a raw ASGI app under /floor/ (no Django, no
+parsing) that answers every POST with the SSE bytes of one real proxy answer, recorded in the
+warm-up and sent event by event as the proxy sends them. The same sessions run against it
+right after the proxy's load, so the proxy's calls/s is compared with what this machine,
+this uvicorn and this client can do at best, in the same run (a shared machine's load
+moves both).
+
+PostgreSQL CPU per call: pg_stat_statements counts neither connection set-up nor the
+backends' own work outside statements, so it is read from /proc: the CPU time (utime +
+stime) of the backends connected to the bench's database, sampled every few milliseconds
+during the load (a backend that lives shorter than a sample is missed, so a per-call
+connection is undercounted). Also printed: every PostgreSQL process of the server (the
+postmaster's reaped children included), which counts other users of a shared server too.
+
+The last line is one JSON object: sessions, calls_per_s, ttfb_p50_ms, ttfb_p99_ms,
+floor_calls_per_s, pg_cpu_ms_per_call, loop_lag_p99_ms (and the figures' context:
+floor ratio, pg_cpu_source, load_avg_1m, errors).
+
 Bounded: only loopback traffic; each session stops at --turns or when --max-seconds have
 passed; every request has a timeout; the proxy is stopped at the end. Prints figures;
 asserts nothing. Rows (credentials, interactions) are left in the bench database; the
@@ -67,6 +85,8 @@ DATABASE_URL = "postgres://postgres@127.0.0.1:5432/synth_bench_proxy"
 BROKER_URL = "redis://127.0.0.1:6379/12"
 
 ROUTE = "bench-instant"
+MESSAGES_PATH = "/v1/messages?beta=true"
+FLOOR_PREFIX = "/floor/"
 FAMILY = "qwen3"
 TOOL_CALL = '<tool_call>\n{"name": "Bash", "arguments": {"command": "ls"}}\n</tool_call>'
 
@@ -93,6 +113,32 @@ def serve(port: int, lag_file: str, probe_ms: float) -> None:
     from synth_project.proxy_asgi import application
 
     interval = probe_ms / 1000
+    floor_events: list[bytes] = []
+
+    async def floor(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """The floor: the recorded SSE bytes, event by event, for any POST; PUT records them."""
+        body = bytearray()
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if scope["method"] == "PUT":
+            floor_events[:] = [event + b"\n\n" for event in bytes(body).split(b"\n\n") if event]
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for event in floor_events:
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(FLOOR_PREFIX):
+            await floor(scope, receive, send)
+        else:
+            await application(scope, receive, send)
 
     async def probe() -> None:
         # Written as it goes (flushed every ~0.2 s): uvicorn re-raises SIGTERM once it has
@@ -110,9 +156,7 @@ def serve(port: int, lag_file: str, probe_ms: float) -> None:
                     last_flush = now
 
     async def main() -> None:
-        server = uvicorn.Server(
-            uvicorn.Config(application, host="127.0.0.1", port=port, lifespan="off", log_level="warning")
-        )
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning"))
         task = asyncio.create_task(probe())
         try:
             await server.serve()  # returns on SIGTERM / SIGINT (graceful shutdown)
@@ -273,8 +317,18 @@ class Failed(Exception):
         self.retryable = retryable
 
 
-async def one_call(client: Any, conv: Any, secret: str, stats: Stats, timeout: float) -> list[dict[str, Any]]:
-    """One streaming call; the assistant's blocks. Raises Failed (counted in stats)."""
+async def one_call(
+    client: Any,
+    conv: Any,
+    secret: str,
+    stats: Stats,
+    timeout: float,
+    *,
+    path: str = MESSAGES_PATH,
+    record: bytearray | None = None,
+) -> list[dict[str, Any]]:
+    """One streaming call; the assistant's blocks (the raw SSE bytes into `record`). Raises
+    Failed (counted in stats)."""
     import httpx
 
     body = conv.request(max_tokens=4096)
@@ -284,7 +338,7 @@ async def one_call(client: Any, conv: Any, secret: str, stats: Stats, timeout: f
     first = content = done = None
     t0 = time.perf_counter()
     try:
-        async with client.stream("POST", "/v1/messages?beta=true", json=body, headers=headers, timeout=timeout) as resp:
+        async with client.stream("POST", path, json=body, headers=headers, timeout=timeout) as resp:
             if resp.status_code != 200:
                 await resp.aread()
                 stats.errors[f"HTTP {resp.status_code}"] += 1
@@ -294,6 +348,8 @@ async def one_call(client: Any, conv: Any, secret: str, stats: Stats, timeout: f
                 now = time.perf_counter()
                 if first is None:
                     first = now
+                if record is not None:
+                    record += chunk
                 buffer += chunk
                 for event, data in sse_events(buffer):
                     if event == "message_start":
@@ -332,7 +388,17 @@ async def one_call(client: Any, conv: Any, secret: str, stats: Stats, timeout: f
     return blocks
 
 
-async def session(index: int, client: Any, secret: str, args: argparse.Namespace, stats: Stats, deadline: float) -> int:
+async def session(
+    index: int,
+    client: Any,
+    secret: str,
+    args: argparse.Namespace,
+    stats: Stats,
+    deadline: float,
+    *,
+    path: str = MESSAGES_PATH,
+    record: bytearray | None = None,
+) -> int:
     from bench.claude_code_request import Conversation
 
     conv = Conversation(seed=index, size=args.size)
@@ -346,8 +412,10 @@ async def session(index: int, client: Any, secret: str, args: argparse.Namespace
             if attempt:  # a client retries 5xx/429 with backoff, as Claude Code does
                 stats.retried += 1
                 await asyncio.sleep(0.5 * 2 ** (attempt - 1) * (1 + random.random()))
+            if record is not None:
+                record.clear()  # the last answer is what is kept
             try:
-                blocks = await one_call(client, conv, secret, stats, args.timeout)
+                blocks = await one_call(client, conv, secret, stats, args.timeout, path=path, record=record)
                 break
             except Failed as exc:
                 if not exc.retryable:
@@ -367,36 +435,144 @@ async def client_lag_probe(stats: Stats, interval: float) -> None:
         stats.client_lag.append(loop.time() - t0 - interval)
 
 
-async def load(base: str, secrets: list[str], args: argparse.Namespace, proxy_pid: int) -> None:
+# POSTGRESQL CPU (from /proc)
+# ------------------------------------------------------------------------------
+
+
+def _proc_cpu(stat: str) -> tuple[float, float]:
+    """(own utime + stime, reaped children's cutime + cstime) in seconds, from /proc/PID/stat."""
+    fields = stat.rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / tick, (int(fields[13]) + int(fields[14])) / tick
+
+
+def postgres_processes() -> dict[int, tuple[str, str]]:
+    """pid -> (process title, /proc/PID/stat) of every PostgreSQL process visible here."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            if not (title.startswith("postgres") or "/bin/postgres" in title):
+                continue
+            out[int(entry.name)] = (title, (entry / "stat").read_text())
+        except OSError:
+            continue  # exited meanwhile
+    return out
+
+
+class PostgresCpu:
+    """CPU seconds of PostgreSQL during a window, sampled from /proc in a thread.
+
+    `database`: the backends whose title names the bench's database (each pid's growth from
+    its first to its last sample; a backend born after the first sample counts from zero).
+    `server`: every PostgreSQL process plus what the postmaster reaped (exited backends),
+    which includes other users of a shared server."""
+
+    def __init__(self, *, database: str, interval: float = 0.005) -> None:
+        import threading
+
+        self.database = database
+        self.interval = interval
+        self._first: dict[int, float] = {}
+        self._last: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._server0 = self._server_total()
+
+    def _server_total(self) -> float:
+        total = 0.0
+        for title, stat in postgres_processes().values():
+            own, reaped = _proc_cpu(stat)
+            total += own + (reaped if "/bin/postgres" in title else 0.0)
+        return total
+
+    def _sample(self, *, initial: bool = False) -> None:
+        for pid, (title, stat) in postgres_processes().items():
+            if self.database not in title.split():
+                continue
+            own = _proc_cpu(stat)[0]
+            self._first.setdefault(pid, own if initial else 0.0)
+            self._last[pid] = own
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def start(self) -> None:
+        self._sample(initial=True)
+        self._server0 = self._server_total()
+        self._thread.start()
+
+    def stop(self) -> tuple[float, float]:
+        """(the bench database's backends, the whole server) CPU seconds since start()."""
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        database = sum(self._last[pid] - self._first[pid] for pid in self._last)
+        return database, self._server_total() - self._server0
+
+
+# THE LOAD (this process)
+# ------------------------------------------------------------------------------
+
+
+async def run_phase(
+    client: Any, secrets: list[str], args: argparse.Namespace, *, path: str
+) -> tuple[Stats, list[int], float]:
+    """All sessions at once against `path`: (stats, calls per session, elapsed seconds)."""
+    stats = Stats()
+    probe = asyncio.create_task(client_lag_probe(stats, args.probe_ms / 1000))
+    deadline = time.monotonic() + args.max_seconds
+    t0 = time.perf_counter()
+    calls = await asyncio.gather(
+        *(session(i, client, s, args, stats, deadline, path=path) for i, s in enumerate(secrets))
+    )
+    elapsed = time.perf_counter() - t0
+    probe.cancel()
+    return stats, list(calls), elapsed
+
+
+async def load(base: str, secrets: list[str], args: argparse.Namespace, proxy_pid: int) -> dict[str, Any] | None:
     import httpx
 
     limits = httpx.Limits(max_connections=len(secrets) + 8, max_keepalive_connections=len(secrets) + 8)
     async with httpx.AsyncClient(base_url=base, limits=limits, timeout=args.timeout) as client:
-        # Warm-up: adapter, tokenizer and sampler load on the first call; not measured.
+        # Warm-up: adapter, tokenizer and sampler load on the first call; not measured. Its
+        # last answer's bytes are what the floor serves.
         warm = Stats()
+        answer = bytearray()
         await session(
-            0, client, secrets[0], argparse.Namespace(**{**vars(args), "turns": 2}), warm, time.monotonic() + 60
+            0,
+            client,
+            secrets[0],
+            argparse.Namespace(**{**vars(args), "turns": 2}),
+            warm,
+            time.monotonic() + 60,
+            record=answer,
         )
         if warm.errors:
             print(f"warm-up failed: {dict(warm.errors)}")
-            return
+            return None
+        (await client.put(f"{FLOOR_PREFIX}sse", content=bytes(answer))).raise_for_status()
 
-        stats = Stats()
-        probe = asyncio.create_task(client_lag_probe(stats, args.probe_ms / 1000))
-        deadline = time.monotonic() + args.max_seconds
+        pg = PostgresCpu(database=args.database_url.rsplit("/", 1)[1])
         cpu0, client_cpu0, machine0 = cpu_seconds(proxy_pid), time.process_time(), machine_busy()
+        pg.start()
         wall0 = time.time()
-        t0 = time.perf_counter()
-        calls = await asyncio.gather(*(session(i, client, s, args, stats, deadline) for i, s in enumerate(secrets)))
-        elapsed = time.perf_counter() - t0
+        stats, calls, elapsed = await run_phase(client, secrets, args, path=MESSAGES_PATH)
         wall1 = time.time()
+        pg_database, pg_server = pg.stop()
         proxy_cpu, client_cpu = cpu_seconds(proxy_pid) - cpu0, time.process_time() - client_cpu0
         machine1 = machine_busy()
         machine = (machine1[0] - machine0[0]) / max(1, machine1[1] - machine0[1])
-        probe.cancel()
+
+        floor, floor_calls, floor_elapsed = await run_phase(client, secrets, args, path=f"{FLOOR_PREFIX}v1/messages")
 
     args.window = (wall0, wall1)
     total = sum(calls)
+    floor_total = sum(floor_calls)
     print(
         f"load: {len(secrets)} concurrent streaming sessions x up to {args.turns} calls ({args.size} conversations, "
         f"prompt {min(stats.prompt_tokens, default=0):,}-{max(stats.prompt_tokens, default=0):,} tokens), "
@@ -415,9 +591,34 @@ async def load(base: str, secrets: list[str], args: argparse.Namespace, proxy_pi
         f"(of {os.cpu_count()}); whole machine {machine:.0%} busy (PostgreSQL's backends included)"
     )
     print(
+        f"PostgreSQL CPU (/proc): the bench database's backends {pg_database * 1000 / max(1, total):.2f} ms per call; "
+        f"every PostgreSQL process of the server (other users and exited backends included) "
+        f"{pg_server * 1000 / max(1, total):.2f} ms per call"
+    )
+    print(
         f"bench client's own loop lag (probe {args.probe_ms:g} ms): {ms(stats.client_lag)}, "
         f"max {max(stats.client_lag, default=0) * 1000:.1f} ms"
     )
+    floor_rate = floor_total / floor_elapsed
+    print(
+        f"floor (raw ASGI app, the same SSE bytes, same uvicorn and client): {floor_total} calls in "
+        f"{floor_elapsed:.1f} s = {floor_rate:,.1f} calls/s, TTFB {ms(floor.ttfb)}; "
+        f"errors: {dict(floor.errors) if floor.errors else 'none'}; proxy/floor {total / elapsed / floor_rate:.2f}"
+    )
+    return {
+        "sessions": len(secrets),
+        "calls_per_s": round(total / elapsed, 1),
+        "ttfb_p50_ms": round(pct(stats.ttfb, 0.5) * 1000, 1),
+        "ttfb_p99_ms": round(pct(stats.ttfb, 0.99) * 1000, 1),
+        "floor_calls_per_s": round(floor_rate, 1),
+        "pg_cpu_ms_per_call": round(pg_database * 1000 / max(1, total), 2),
+        "loop_lag_p99_ms": None,  # measured in the proxy process: filled in by main()
+        "floor_ratio": round(total / elapsed / floor_rate, 3),
+        "pg_cpu_source": "proc",
+        "pg_cpu_server_ms_per_call": round(pg_server * 1000 / max(1, total), 2),
+        "errors": sum(stats.errors.values()),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
 
 
 def summarize_log(path: Path) -> None:
@@ -510,6 +711,7 @@ def main() -> None:
     import httpx
 
     base = f"http://127.0.0.1:{port}"
+    figures = None
     try:
         for _ in range(300):
             if server.poll() is not None:
@@ -523,7 +725,7 @@ def main() -> None:
             f"set-up (database, tokenizer, route, {len(secrets)} credentials, proxy start): "
             f"{time.perf_counter() - t_setup:.1f} s"
         )
-        asyncio.run(load(base, secrets, args, server.pid))
+        figures = asyncio.run(load(base, secrets, args, server.pid))
         time.sleep(0.5)  # the probe's last samples of the window reach its file
     finally:
         server.terminate()
@@ -539,6 +741,7 @@ def main() -> None:
         if lag:
             samples.append((float(at), float(lag)))
     Path(lag_file).unlink(missing_ok=True)
+    lag: list[float] = []
     if window:
         lag = [lag for at, lag in samples if window[0] <= at <= window[1]]
         print(
@@ -550,6 +753,10 @@ def main() -> None:
     summarize_log(log_path)
     dropped = evidence_queue_delete()
     print(f"(deleted {dropped} evidence-queue messages from the bench broker)")
+    if figures is None:
+        raise SystemExit("the load did not run")
+    figures["loop_lag_p99_ms"] = round(pct(lag, 0.99) * 1000, 1) if lag else None
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

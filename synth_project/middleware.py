@@ -176,3 +176,36 @@ def json_errors(get_response: GetResponse) -> GetResponse:
         return _finish(request, response)
 
     return middleware
+
+
+# The proxy's headers (synth_project.proxy_asgi)
+# ------------------------------------------------------------------------------
+# The headers Django's SecurityMiddleware, XFrameOptionsMiddleware and CommonMiddleware set on
+# a /v1 response, with the settings' defaults. Those middleware are sync-only in an async stack
+# (each costs two thread hops per request); the proxy's stack sets the same headers here instead.
+PROXY_RESPONSE_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "X-Frame-Options": "DENY",
+}
+
+
+def proxy_headers(get_response: GetResponse) -> GetResponse:
+    """Async only: the proxy's stack is async from end to end."""
+    if not iscoroutinefunction(get_response):
+        raise TypeError("proxy_headers serves an async stack only")
+
+    async def middleware_async(request: HttpRequest) -> HttpResponse:
+        response = await get_response(request)
+        for name, value in PROXY_RESPONSE_HEADERS.items():
+            response.headers.setdefault(name, value)
+        if not response.streaming and "Content-Length" not in response:
+            response.headers["Content-Length"] = str(len(response.content))
+        return response
+
+    return markcoroutinefunction(middleware_async)
+
+
+proxy_headers.sync_capable = False  # type: ignore[attr-defined]
+proxy_headers.async_capable = True  # type: ignore[attr-defined]

@@ -32,7 +32,14 @@ import django
 from django.core.handlers.asgi import ASGIHandler
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synth_project.settings")
+# This process is the proxy: its settings keep a bounded database connection pool
+# (SYNTH_PROXY_DB_POOL_SIZE). Without effect when the settings were loaded before (tests).
+os.environ.setdefault("SYNTH_PROXY_PROCESS", "true")
 django.setup(set_prefix=False)
+
+from django.core.exceptions import ImproperlyConfigured  # noqa: E402
+from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
+from django.utils.module_loading import import_string  # noqa: E402
 
 from apps.proxy.errors import error_payload, new_request_id  # noqa: E402 - needs the app registry
 from synth_common.logfold import ErrorResponseFolder, RepeatFolder  # noqa: E402
@@ -56,8 +63,46 @@ def path_is_model_api(*, path: str) -> bool:
     return all(s not in ("", ".", "..") for s in segments)
 
 
+# The proxy's middleware, instead of settings.MIDDLEWARE: all async, so a request crosses
+# no thread on its way to the view and back. The whole app's stack (sessions, CSRF, auth,
+# messages: the views under /v1 use none of them) is sync-only middleware, each costing two
+# thread hops per request in an async handler; proxy_headers sets the headers it set.
+PROXY_MIDDLEWARE = (
+    "synth_project.middleware.json_errors",
+    "synth_project.middleware.strict_input",
+    "synth_project.middleware.proxy_headers",
+)
+
+
 class ProxyHandler(ASGIHandler):
-    """Django's ASGI handler, resolving every request with the proxy's URLconf."""
+    """Django's ASGI handler with the proxy's async middleware, resolving every request with
+    the proxy's URLconf."""
+
+    def load_middleware(self, is_async: bool = False) -> None:
+        """Django's load_middleware for PROXY_MIDDLEWARE, which must be async-capable
+        function middleware (no view, template or exception hooks)."""
+        if not is_async:
+            raise ImproperlyConfigured("the proxy's handler is async only")
+        self._view_middleware: list[Any] = []
+        self._template_response_middleware: list[Any] = []
+        self._exception_middleware: list[Any] = []
+        # Django's own async request path (the view and its exception handling); not in the stubs.
+        handler = convert_exception_to_response(self._get_response_async)  # type: ignore[attr-defined]
+        for path in reversed(PROXY_MIDDLEWARE):
+            middleware = import_string(path)
+            if not getattr(middleware, "async_capable", False):
+                raise ImproperlyConfigured(f"{path} is not async-capable: the proxy's stack must stay async")
+            handler = convert_exception_to_response(middleware(handler))
+        self._middleware_chain = handler
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        # Django's handler runs each request in its own ThreadSensitiveContext, which makes a
+        # thread for the request's first thread-sensitive call (here: only the request
+        # signals and the response's close; the database phases have their own threads,
+        # apps.proxy.db). Without it those few short calls share Django's one sync thread.
+        if scope["type"] != "http":
+            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
+        await self.handle(scope, receive, send)
 
     def create_request(self, scope: dict[str, Any], body_file: Any) -> tuple[Any, Any]:
         request, error = super().create_request(scope, body_file)

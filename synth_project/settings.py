@@ -372,6 +372,33 @@ SYNTH_PROXY_COUNT_QUEUE = env_int("SYNTH_PROXY_COUNT_QUEUE", 256, minimum=0)
 SYNTH_PROXY_PER_CALLER_CONCURRENCY = env_int("SYNTH_PROXY_PER_CALLER_CONCURRENCY", 16, minimum=1)
 # Database phases (authenticate, resolve, stage, settle) one proxy process runs at once.
 SYNTH_PROXY_DB_SLOTS = env_int("SYNTH_PROXY_DB_SLOTS", 32, minimum=1)
+# PostgreSQL connections the proxy's process keeps in a bounded pool (psycopg's, through
+# Django's OPTIONS "pool"), so that a call's phases borrow one instead of each opening its
+# own (a backend start per phase cost the server more CPU than the proxy's whole call).
+# 0: no pool. Only in the proxy's process, which synth_project.proxy_asgi marks before the
+# settings load (SYNTH_PROXY_PROCESS); other processes keep SYNTH_DB_CONN_MAX_AGE. SQLite
+# has no pool. Django's pool requires CONN_MAX_AGE 0: a phase's close() gives its
+# connection back to the pool.
+SYNTH_PROXY_DB_POOL_SIZE = env_int("SYNTH_PROXY_DB_POOL_SIZE", SYNTH_PROXY_DB_SLOTS, minimum=0)
+SYNTH_PROXY_PROCESS = env_bool("SYNTH_PROXY_PROCESS", False)
+if (
+    SYNTH_PROXY_PROCESS
+    and SYNTH_PROXY_DB_POOL_SIZE
+    and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+):
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    # With conn_health_checks (above), Django has the pool check a connection as it lends it
+    # (one empty query): after a database restart a dead one is replaced, not the call failed.
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": min(2, SYNTH_PROXY_DB_POOL_SIZE),
+        "max_size": SYNTH_PROXY_DB_POOL_SIZE,
+        # A phase waits this long for a connection, then fails as overloaded (a 529).
+        "timeout": 10,
+    }
+# How stale the proxy's cached credentials and routes may be at most (apps.proxy.lookups):
+# a revoked credential, a disabled or changed route takes effect within this. 0: read
+# them on every call.
+SYNTH_PROXY_LOOKUP_CHECK_SECONDS = env_float("SYNTH_PROXY_LOOKUP_CHECK_SECONDS", 0.5, minimum=0.0)
 # Seconds between pings while a stream waits for the sampler (Claude Code aborts a stream idle 300 s).
 SYNTH_PROXY_PING_SECONDS = env_float("SYNTH_PROXY_PING_SECONDS", 10.0, minimum=0.1)
 # The prefix cache: conversations kept, and their approximate total size in bytes.

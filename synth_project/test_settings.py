@@ -9,6 +9,9 @@ import tempfile
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/synth")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
+# Rows are rewritten between and within tests: the proxy reads credentials and routes on
+# every call unless a test turns its caches on (tests/proxy/test_lookups.py).
+os.environ.setdefault("SYNTH_PROXY_LOOKUP_CHECK_SECONDS", "0")
 os.environ.setdefault("SYNTH_VAR_DIR", tempfile.mkdtemp(prefix="synth-test-var-"))
 
 from synth_project.settings import *  # noqa: E402,F403

@@ -18,6 +18,7 @@ import hmac
 import logging
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,9 +99,12 @@ def _header(headers: Any, name: str) -> str:
     return str(headers.get(name) or "").strip()
 
 
-def call_context_build(*, caller: Caller, model: str, headers: Any, request_id: str) -> CallContext:
-    """Resolve the route for this caller (scoping checks) and collect correlation headers."""
-    route, snapshot = route_authorize(caller=caller, model=model)
+def call_context_build(
+    *, caller: Caller, model: str, headers: Any, request_id: str, routes: Sequence[ModelRoute] | None = None
+) -> CallContext:
+    """Resolve the route for this caller (scoping checks) and collect correlation headers.
+    With `routes` (the proxy's route cache) it reads no database."""
+    route, snapshot = route_authorize(caller=caller, model=model, routes=routes)
     betas = [b.strip() for b in _header(headers, "anthropic-beta").split(",") if b.strip()]
     return CallContext(
         request_id=request_id,

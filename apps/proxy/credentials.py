@@ -22,6 +22,7 @@ session's (``synth claude``) by `interactive_credential_issue` below, for the RE
 from __future__ import annotations
 
 import hmac
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -32,7 +33,7 @@ from apps.accounts.models import Membership, ModelCredential, Organization, Role
 from apps.accounts.services import MODEL_CREDENTIAL_SCHEME, token_hash, token_verify
 from apps.proxy.errors import AuthenticationFailed, NotFound, PermissionDenied
 from apps.proxy.models import ModelRoute
-from apps.proxy.selectors import route_resolve
+from apps.proxy.selectors import route_match, route_resolve
 
 MODEL_ROLES = (Role.ADMIN, Role.OPERATOR)
 
@@ -104,23 +105,30 @@ def caller_authenticate(*, secret: str | None) -> Caller:
     return Caller(org=token.org, kind="operator", token_id=token.id)
 
 
-def route_authorize(*, caller: Caller, model: str) -> tuple[ModelRoute, str]:
-    """(route, snapshot) that serve `model` for this caller, or 403/404."""
+def route_authorize(
+    *, caller: Caller, model: str, routes: Sequence[ModelRoute] | None = None
+) -> tuple[ModelRoute, str]:
+    """(route, snapshot) that serve `model` for this caller, or 403/404.
+
+    `routes`: every route, ordered by name, as the proxy's route cache holds them
+    (apps.proxy.lookups); without them they are read here."""
+    if routes is None:
+        routes = list(ModelRoute.objects.all().order_by("name"))
     cred = caller.credential
     if cred is not None:
-        route = ModelRoute.objects.filter(name=cred.route).first()
+        route = next((r for r in routes if r.name == cred.route), None)
         if route is None or not route.inference_enabled:
             raise NotFound(f"model: the route {cred.route!r} of this credential is not available")
         # Delegated agents (x-claude-code-agent-id) and background calls name Claude
         # models or aliases; they inherit the attempt's route. Only naming a different
         # configured route is an attempt to escape the binding.
-        if model != route.name and ModelRoute.objects.filter(name=model).exists():
+        if model != route.name and any(r.name == model for r in routes):
             raise PermissionDenied(f"this credential may only use the model route {route.name!r}, not {model!r}")
         return route, cred.snapshot
-    route = route_resolve(name=model)
-    if route is None or not route.inference_enabled:
+    matched = route_match(routes=routes, name=model)
+    if matched is None or not matched.inference_enabled:
         raise NotFound(f"model: {model}")
-    return route, ""
+    return matched, ""
 
 
 # ISSUANCE

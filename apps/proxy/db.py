@@ -2,15 +2,25 @@
 
 A call spends most of its life sampling and streaming; holding a PostgreSQL connection for
 all of it made 200 concurrent streams exhaust the server's connections. Each phase
-(authenticate, resolve, stage, settle) opens and closes its own, so connections scale with
-phases in flight, not with streams open.
+(authenticate, resolve, stage, settle: the first two mostly answered from apps.proxy.lookups)
+takes a connection and gives it back when it ends, so connections scale with phases in
+flight, not with streams open.
+
+In the proxy's process (SYNTH_PROXY_PROCESS) the connection comes from the process's bounded
+pool (SYNTH_PROXY_DB_POOL_SIZE) and giving it back keeps it open; the phases run on the
+process's own database threads, one per slot, each keeping its Django connection object,
+rather than on a thread made for each request. Elsewhere (the whole app, tests) a phase is
+thread-sensitive, as Django's default: it runs where the caller's synchronous code runs
+(in a test, inside the test's transaction), and closing its connection closes it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import weakref
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -18,20 +28,26 @@ from django.conf import settings
 from django.db import connection
 
 _semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
 
 
 def db_phase(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
     """`fn` (a short database phase) as a coroutine function run in a thread, its
-    connection closed after it (unless a transaction is open)."""
+    connection given back after it (unless a transaction is open)."""
 
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         finally:
             if not connection.in_atomic_block:
-                connection.close()
+                connection.close()  # with a pool: back to the pool, still open
 
-    blocking = sync_to_async(run)
+    executor = _phase_executor()
+    if executor is None:
+        blocking = sync_to_async(run)
+    else:
+        blocking = sync_to_async(run, thread_sensitive=False, executor=executor)
 
     async def call(*args: Any, **kwargs: Any) -> Any:
         # Bounded: a burst of calls waits its turn instead of exceeding the database's
@@ -40,6 +56,18 @@ def db_phase(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
             return await blocking(*args, **kwargs)
 
     return call
+
+
+def _phase_executor() -> ThreadPoolExecutor | None:
+    """The proxy process's database threads (as many as its slots), or None elsewhere."""
+    global _executor
+    if not settings.SYNTH_PROXY_PROCESS:
+        return None
+    if _executor is None:
+        with _executor_lock:
+            if _executor is None:
+                _executor = ThreadPoolExecutor(max_workers=settings.SYNTH_PROXY_DB_SLOTS, thread_name_prefix="proxy-db")
+    return _executor
 
 
 def _slots() -> asyncio.Semaphore:

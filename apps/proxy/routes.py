@@ -7,6 +7,7 @@ backend of one served model (apps.proxy.models.ModelRoute). Writes come from
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from apps.core.errors import ValidationFailed
@@ -84,8 +85,13 @@ def route_upsert(
     )
 
 
-def routes_for_caller(*, caller: Caller) -> list[ModelRoute]:
-    """What GET /v1/models lists: the credential's route, or every inference route."""
+def routes_for_caller(*, caller: Caller, routes: Sequence[ModelRoute] | None = None) -> list[ModelRoute]:
+    """What GET /v1/models lists: the credential's route, or every inference route (by name).
+
+    `routes`: every route, ordered by name, as the proxy's route cache holds them
+    (apps.proxy.lookups); without them they are read here."""
+    if routes is None:
+        routes = list(ModelRoute.objects.all().order_by("name"))
     if caller.credential is not None:
-        return list(ModelRoute.objects.filter(name=caller.credential.route, inference_enabled=True))
-    return list(ModelRoute.objects.filter(inference_enabled=True).order_by("name"))
+        return [r for r in routes if r.name == caller.credential.route and r.inference_enabled]
+    return [r for r in routes if r.inference_enabled]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Sequence
 
 from django.db.models import QuerySet
 
@@ -23,17 +24,25 @@ def _is_glob(pattern: str) -> bool:
 
 
 def route_resolve(*, name: str) -> ModelRoute | None:
-    """The route a model name means: exact route name, then exact alias, then glob alias.
+    """The route a model name means: exact route name, then exact alias, then glob alias
+    (see `route_match`)."""
+    route = ModelRoute.objects.filter(name=name).first()
+    if route is not None:
+        return route
+    return route_match(routes=list(ModelRoute.objects.all().order_by("name")), name=name)
+
+
+def route_match(*, routes: Sequence[ModelRoute], name: str) -> ModelRoute | None:
+    """`route_resolve` over routes already read (ordered by name), with no query.
 
     Names compare case-sensitively except aliases, which Claude Code may send in any case
     ("Sonnet", "claude-sonnet-4-5"). Among several matching globs the longest pattern
     (the most specific) wins, then the route name, so resolution is deterministic.
     """
-    route = ModelRoute.objects.filter(name=name).first()
-    if route is not None:
-        return route
+    for route in routes:
+        if route.name == name:
+            return route
     lowered = name.lower()
-    routes = list(ModelRoute.objects.all().order_by("name"))
     for route in routes:
         for alias in route.aliases or []:
             if isinstance(alias, str) and not _is_glob(alias) and alias.lower() == lowered:

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -30,8 +30,8 @@ from django.views.decorators.csrf import csrf_exempt
 
 from apps.core.ids import new_id
 from apps.core.inputs import InputProblem, json_loads_strict
-from apps.proxy import calls, pool, schema, streaming
-from apps.proxy.credentials import Caller, caller_authenticate, secret_from_headers
+from apps.proxy import calls, lookups, pool, schema, streaming
+from apps.proxy.credentials import Caller, secret_from_headers
 from apps.proxy.db import db_phase
 from apps.proxy.delivery import CallDelivery
 from apps.proxy.errors import (
@@ -44,6 +44,7 @@ from apps.proxy.errors import (
     error_response,
     new_request_id,
 )
+from apps.proxy.models import ModelRoute
 from apps.proxy.routes import routes_for_caller
 
 logger = logging.getLogger(__name__)
@@ -111,7 +112,21 @@ def _decode_json(body: bytes) -> Any:
 
 
 async def _authenticate(request: HttpRequest) -> Caller:
-    return await db_phase(caller_authenticate)(secret=secret_from_headers(request.headers))
+    # From the process's cache when fresh (no database phase, no thread hop): apps.proxy.lookups.
+    secret = secret_from_headers(request.headers)
+    return lookups.caller_cached(secret=secret) or await db_phase(lookups.caller_load)(secret=secret)
+
+
+async def _routes() -> Sequence[ModelRoute]:
+    return lookups.routes_cached() or await db_phase(lookups.routes_load)()
+
+
+async def _context(request: HttpRequest, *, caller: Caller, model: str, request_id: str) -> calls.CallContext:
+    # With the routes in hand the context reads no database: built on the event loop.
+    routes = await _routes()
+    return calls.call_context_build(
+        caller=caller, model=model, headers=request.headers, request_id=request_id, routes=routes
+    )
 
 
 async def _parsed(request: HttpRequest, parse: Any) -> dict[str, Any]:
@@ -148,9 +163,7 @@ async def messages_view(request: HttpRequest) -> HttpResponse:
             raise MethodNotAllowed(f"{request.method} is not allowed; use POST")
         caller = await _authenticate(request)
         body = await _parsed(request, schema.messages_request_parse)
-        ctx = await db_phase(calls.call_context_build)(
-            caller=caller, model=body["model"], headers=request.headers, request_id=request_id
-        )
+        ctx = await _context(request, caller=caller, model=body["model"], request_id=request_id)
         ticket = pool.generation.reserve(caller=caller.key)
         prepared = await calls.message_prepare(ctx=ctx, request=body)
     except BaseException as exc:  # noqa: BLE001 - every failure answers in Anthropic's shape
@@ -282,9 +295,7 @@ async def count_tokens_view(request: HttpRequest) -> HttpResponse:
             raise MethodNotAllowed(f"{request.method} is not allowed; use POST")
         caller = await _authenticate(request)
         body = await _parsed(request, schema.count_tokens_request_parse)
-        ctx = await db_phase(calls.call_context_build)(
-            caller=caller, model=body["model"], headers=request.headers, request_id=request_id
-        )
+        ctx = await _context(request, caller=caller, model=body["model"], request_id=request_id)
         async with pool.counting.reserve(caller=caller.key):
             count = await calls.tokens_count(ctx=ctx, request=body)
     except Exception as exc:  # noqa: BLE001
@@ -312,7 +323,7 @@ async def models_view(request: HttpRequest) -> HttpResponse:
         if request.method != "GET":
             raise MethodNotAllowed(f"{request.method} is not allowed; use GET")
         caller = await _authenticate(request)
-        routes = await db_phase(routes_for_caller)(caller=caller)
+        routes = routes_for_caller(caller=caller, routes=await _routes())
     except Exception as exc:  # noqa: BLE001
         return _reject(exc, request_id)
     data = [_model_dict(r) for r in routes]
@@ -334,7 +345,7 @@ async def model_detail_view(request: HttpRequest, model_id: str) -> HttpResponse
         if request.method != "GET":
             raise MethodNotAllowed(f"{request.method} is not allowed; use GET")
         caller = await _authenticate(request)
-        routes = await db_phase(routes_for_caller)(caller=caller)
+        routes = routes_for_caller(caller=caller, routes=await _routes())
         route = next((r for r in routes if r.name == model_id), None)
         if route is None:
             raise NotFound(f"model: {model_id}")

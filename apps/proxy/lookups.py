@@ -1,0 +1,190 @@
+"""The proxy's per-call lookups, cached in the process: who a secret is, and the route table.
+
+Every call authenticates its caller and resolves its route. Read from the database each
+time, that was two of a call's four database phases (each with its thread hop); served from
+here, a call reads neither unless its entry is stale.
+
+Freshness, not a lifetime, decides whether a cached answer is used: every entry carries the
+time its data was last read or confirmed (`valid_as_of`, the start of that read), and it is
+served only while that is at most SYNTH_PROXY_LOOKUP_CHECK_SECONDS old. A stale credential
+is confirmed again with every other stale one in one query by primary key (still there, not
+revoked, the same expiry), so a revocation takes effect within that interval however it was written (the
+service, the admin, a bulk update) and with any database, SQLite included: no broker or
+notification channel is needed, and the cost is one small query per interval per process
+while calls keep coming. An operator's token is not confirmed that way (its role and its
+token may change in several tables): it is read again once stale. The route table is small
+and read whole once stale. Expiry is checked on every use, from the cached row.
+
+Failures are not cached: an unknown or revoked secret reads the database every time, which
+is also where its exact refusal comes from (apps.proxy.credentials).
+
+`caller_cached` and `routes_cached` touch no database and are called on the event loop;
+`caller_load` and `routes_load` read it and run in a database phase (apps.proxy.db).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cachetools import TTLCache
+from django.conf import settings
+from django.utils import timezone
+
+from apps.accounts.models import ModelCredential
+from apps.accounts.services import token_hash
+from apps.proxy.credentials import Caller, caller_authenticate
+from apps.proxy.models import ModelRoute
+
+# Callers kept at most, and for at most this long since they were read in full (a bound on
+# memory and on how long a cached row's other fields may lag, not on revocation).
+CALLER_ENTRIES = 8192
+CALLER_TTL_SECONDS = 300.0
+# Credentials confirmed per query (SQLite bounds a statement's parameters).
+CONFIRM_BATCH = 500
+
+
+def _fresh(valid_as_of: float) -> bool:
+    return time.monotonic() - valid_as_of <= settings.SYNTH_PROXY_LOOKUP_CHECK_SECONDS
+
+
+@dataclass
+class _Entry:
+    caller: Caller
+    valid_as_of: float
+
+
+class CallerCache:
+    """Authenticated callers by the SHA-256 of their secret (the secret itself is not kept)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: TTLCache[str, _Entry] = TTLCache(maxsize=CALLER_ENTRIES, ttl=CALLER_TTL_SECONDS)
+
+    def cached(self, *, secret: str | None) -> Caller | None:
+        """The caller for `secret` if it is cached, fresh and not expired; else None."""
+        if not secret:
+            return None
+        key = token_hash(secret)
+        with self._lock:  # held for a dictionary read only: never across a query
+            entry = self._entries.get(key)
+        if entry is None or not _fresh(entry.valid_as_of):
+            return None
+        cred = entry.caller.credential
+        if cred is not None and cred.expires_at <= timezone.now():
+            return None
+        return entry.caller
+
+    def load(self, *, secret: str | None) -> Caller:
+        """The caller for `secret` (or 401/403), confirming stale entries first. Reads the
+        database: call it in a database phase."""
+        if secret:
+            self._confirm_stale()
+            caller = self.cached(secret=secret)
+            if caller is not None:
+                return caller
+        started = time.monotonic()
+        caller = caller_authenticate(secret=secret)
+        assert secret  # caller_authenticate refused an empty one
+        with self._lock:
+            self._entries[token_hash(secret)] = _Entry(caller=caller, valid_as_of=started)
+        return caller
+
+    def _confirm_stale(self) -> None:
+        """Confirm the stale credentials in one query each CONFIRM_BATCH; drop those revoked
+        or gone, and stale operators (read again in full when next used)."""
+        with self._lock:
+            stale = [(key, e) for key, e in self._entries.items() if not _fresh(e.valid_as_of)]
+            for key, entry in stale:
+                if entry.caller.credential is None:
+                    del self._entries[key]
+        stale = [(key, e) for key, e in stale if e.caller.credential is not None]
+        if not stale:
+            return
+        started = time.monotonic()
+        ids = sorted({e.caller.credential.id for _, e in stale if e.caller.credential is not None})
+        live: dict[str, Any] = {}  # id -> expires_at of the credentials not revoked
+        for i in range(0, len(ids), CONFIRM_BATCH):
+            live.update(
+                ModelCredential.objects.filter(id__in=ids[i : i + CONFIRM_BATCH], revoked_at__isnull=True).values_list(
+                    "id", "expires_at"
+                )
+            )
+        with self._lock:
+            for key, entry in stale:
+                if self._entries.get(key) is not entry:
+                    continue  # replaced meanwhile by a fresher read
+                cred = entry.caller.credential
+                # A changed expiry is read again in full (the cached row is not patched).
+                if cred is not None and cred.id in live and live[cred.id] == cred.expires_at:
+                    entry.valid_as_of = max(entry.valid_as_of, started)
+                else:
+                    del self._entries[key]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+@dataclass(frozen=True)
+class _Routes:
+    routes: tuple[ModelRoute, ...]
+    valid_as_of: float
+
+
+class RouteCache:
+    """Every model route, ordered by name, read whole once stale."""
+
+    def __init__(self) -> None:
+        self._current: _Routes | None = None
+
+    def cached(self) -> Sequence[ModelRoute] | None:
+        current = self._current
+        if current is None or not _fresh(current.valid_as_of):
+            return None
+        return current.routes
+
+    def load(self) -> Sequence[ModelRoute]:
+        """The routes, read again if stale. Reads the database: call it in a database phase."""
+        routes = self.cached()
+        if routes is not None:
+            return routes
+        started = time.monotonic()
+        loaded = _Routes(routes=tuple(ModelRoute.objects.all().order_by("name")), valid_as_of=started)
+        current = self._current
+        # Two phases may read at once: keep the later read.
+        if current is None or current.valid_as_of <= started:
+            self._current = loaded
+        return loaded.routes
+
+    def clear(self) -> None:
+        self._current = None
+
+
+callers = CallerCache()
+routes = RouteCache()
+
+
+def caller_cached(*, secret: str | None) -> Caller | None:
+    return callers.cached(secret=secret)
+
+
+def caller_load(*, secret: str | None) -> Caller:
+    return callers.load(secret=secret)
+
+
+def routes_cached() -> Sequence[ModelRoute] | None:
+    return routes.cached()
+
+
+def routes_load() -> Sequence[ModelRoute]:
+    return routes.load()
+
+
+def lookups_clear() -> None:
+    """Forget every cached caller and route (tests that rewrite rows in place)."""
+    callers.clear()
+    routes.clear()

@@ -1,0 +1,290 @@
+"""The proxy's cached lookups (apps.proxy.lookups) and its process's connection pool.
+
+A fresh cached caller and route table read no database; a revocation, an expiry change or a
+disabled route takes effect once the check interval has passed, however it was written. The
+pool: a live proxy process answers calls without opening PostgreSQL connections, and never
+more than its pool size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from apps.accounts.models import ModelCredential
+from apps.accounts.services import model_credential_revoke
+from apps.proxy import lookups
+from apps.proxy.models import ModelRoute
+from tests.conftest import make_member
+from tests.proxy.conftest import TOKENIZER_DIR, assert_error, call, issue, make_route
+
+ROOT = Path(__file__).resolve().parents[2]
+CHECK_SECONDS = 1.0  # the default is 0.5; a slow machine must not make an entry stale mid-test
+
+
+def body(model: str = "qwen3-attempt", *, stream: bool = False) -> dict[str, Any]:
+    return {"model": model, "max_tokens": 8, "stream": stream, "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture
+def cached(settings):
+    """The caches on (the suite's settings read on every call), empty before and after."""
+    settings.SYNTH_PROXY_LOOKUP_CHECK_SECONDS = CHECK_SECONDS
+    lookups.lookups_clear()
+    yield
+    lookups.lookups_clear()
+
+
+def past_the_check_interval() -> None:
+    # Whatever was read or confirmed before this point is stale after it, by construction
+    # (freshness is the time since the read began): not a timing assertion.
+    time.sleep(CHECK_SECONDS * 1.5)
+
+
+def refused_within(bound_seconds: float, request: Any) -> Any:
+    """Poll until the call is refused (a 4xx), at most `bound_seconds`; the last reply."""
+    deadline = time.monotonic() + bound_seconds
+    while True:
+        reply = request()
+        if reply.status >= 400 or time.monotonic() > deadline:
+            return reply
+        time.sleep(0.05)
+
+
+@pytest.mark.django_db
+def test_a_fresh_cached_caller_and_route_table_read_no_database(cached, settings):
+    settings.SYNTH_PROXY_LOOKUP_CHECK_SECONDS = 60  # fresh for the whole test
+    member = make_member("team", "alice")
+    make_route("qwen3-attempt")
+    secret = issue(member.org, "qwen3-attempt")
+    assert call("/v1/models", secret=secret, method="get").status == 200
+    with CaptureQueriesContext(connection) as queries:
+        reply = call("/v1/models", secret=secret, method="get")
+    assert reply.status == 200 and [m["id"] for m in reply.json()["data"]] == ["qwen3-attempt"]
+    assert len(queries) == 0
+    # A model call still stages and settles its interaction, and reads neither table.
+    with CaptureQueriesContext(connection) as queries:
+        assert call("/v1/messages", secret=secret, body=body()).status == 200
+    tables = " ".join(q["sql"] for q in queries.captured_queries)
+    assert ModelCredential._meta.db_table not in tables and ModelRoute._meta.db_table not in tables
+    assert queries.captured_queries  # the interaction was written
+
+
+@pytest.mark.django_db
+def test_a_revoked_credential_is_refused_within_the_check_interval(cached):
+    member = make_member("team", "alice")
+    make_route("qwen3-attempt")
+    secret = issue(member.org, "qwen3-attempt")
+    other = issue(member.org, "qwen3-attempt", trial="trl_other")
+    for s in (secret, other):
+        assert call("/v1/messages", secret=s, body=body()).status == 200
+    model_credential_revoke(cred=ModelCredential.objects.get(trial_id="trl_test"))
+    reply = refused_within(10, lambda: call("/v1/messages", secret=secret, body=body()))
+    error = assert_error(reply, 401, "authentication_error")
+    assert "revoked" in error["error"]["message"]
+    # Past one interval after the revocation no call is served from the cache any more;
+    # the other credential, confirmed by the same checks, still is.
+    past_the_check_interval()
+    assert_error(call("/v1/messages", secret=secret, body=body()), 401, "authentication_error")
+    assert call("/v1/messages", secret=other, body=body()).status == 200
+
+
+@pytest.mark.django_db
+def test_a_bulk_revocation_and_an_expiry_change_take_effect(cached):
+    member = make_member("team", "alice")
+    make_route("qwen3-attempt")
+    first = issue(member.org, "qwen3-attempt", trial="trl_1")
+    second = issue(member.org, "qwen3-attempt", trial="trl_2")
+    for s in (first, second):
+        assert call("/v1/models", secret=s, method="get").status == 200
+    # Written around the service: an update of the rows.
+    ModelCredential.objects.filter(trial_id="trl_1").update(revoked_at=timezone.now())
+    ModelCredential.objects.filter(trial_id="trl_2").update(expires_at=timezone.now() - timedelta(seconds=1))
+    past_the_check_interval()
+    assert (
+        "revoked"
+        in assert_error(call("/v1/models", secret=first, method="get"), 401, "authentication_error")["error"]["message"]
+    )
+    assert (
+        "expired"
+        in assert_error(call("/v1/models", secret=second, method="get"), 401, "authentication_error")["error"][
+            "message"
+        ]
+    )
+
+
+@pytest.mark.django_db
+def test_an_expired_cached_credential_is_refused_at_once(cached):
+    member = make_member("team", "alice")
+    make_route("qwen3-attempt")
+    secret = issue(member.org, "qwen3-attempt", ttl=timedelta(seconds=1))
+    assert call("/v1/models", secret=secret, method="get").status == 200
+    cred = ModelCredential.objects.get()
+    while timezone.now() < cred.expires_at:  # the cached row's own expiry passes
+        time.sleep(0.05)
+    assert_error(call("/v1/models", secret=secret, method="get"), 401, "authentication_error")
+
+
+@pytest.mark.django_db
+def test_a_disabled_route_and_a_new_alias_take_effect(cached):
+    member = make_member("team", "alice")
+    make_route("qwen3-attempt")
+    secret = issue(member.org, "qwen3-attempt")
+    assert call("/v1/messages", secret=member.secret, body=body("qwen3-attempt")).status == 200
+    assert_error(call("/v1/messages", secret=member.secret, body=body("new-name")), 404, "not_found_error")
+    make_route("qwen3-attempt", aliases=["new-name"])
+    past_the_check_interval()
+    assert call("/v1/messages", secret=member.secret, body=body("new-name")).status == 200
+    ModelRoute.objects.filter(name="qwen3-attempt").update(inference_enabled=False)
+    reply = refused_within(10, lambda: call("/v1/messages", secret=secret, body=body()))
+    assert_error(reply, 404, "not_found_error")
+
+
+@pytest.mark.django_db
+def test_an_operator_token_is_not_served_past_the_interval(cached):
+    from apps.accounts.models import ApiToken
+
+    member = make_member("team", "alice")
+    make_route("qwen3-attempt")
+    assert call("/v1/models", secret=member.secret, method="get").status == 200
+    ApiToken.objects.update(revoked_at=timezone.now())
+    past_the_check_interval()
+    assert_error(call("/v1/models", secret=member.secret, method="get"), 401, "authentication_error")
+
+
+# THE PROXY PROCESS'S POOL
+# ------------------------------------------------------------------------------
+
+
+def _settings_in_process(env: dict[str, str]) -> dict[str, Any]:
+    code = (
+        "import json, django; from django.conf import settings; django.setup(); "
+        "d = settings.DATABASES['default']; "
+        "print(json.dumps({'pool': d.get('OPTIONS', {}).get('pool'), 'conn_max_age': d['CONN_MAX_AGE']}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "synth_project.settings", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_only_the_proxy_process_on_postgresql_keeps_a_pool(tmp_path):
+    pg = {
+        "DATABASE_URL": "postgres://u@127.0.0.1:5432/x",
+        "SYNTH_DB_CONN_MAX_AGE": "60",
+        "SYNTH_VAR_DIR": str(tmp_path),
+    }
+    assert _settings_in_process({**pg, "SYNTH_PROXY_PROCESS": "false"}) == {"pool": None, "conn_max_age": 60}
+    proxy = _settings_in_process({**pg, "SYNTH_PROXY_PROCESS": "true", "SYNTH_PROXY_DB_POOL_SIZE": "5"})
+    assert proxy["conn_max_age"] == 0 and proxy["pool"]["max_size"] == 5
+    off = _settings_in_process({**pg, "SYNTH_PROXY_PROCESS": "true", "SYNTH_PROXY_DB_POOL_SIZE": "0"})
+    assert off["pool"] is None
+    sqlite = {"DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "SYNTH_VAR_DIR": str(tmp_path)}
+    assert _settings_in_process({**sqlite, "SYNTH_PROXY_PROCESS": "true"})["pool"] is None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _backends(application_name: str) -> set[tuple[int, str]]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid, backend_start::text FROM pg_stat_activity WHERE application_name = %s", [application_name]
+        )
+        return {(pid, start) for pid, start in cursor.fetchall()}
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_live_proxy_process_opens_no_connection_per_call(tmp_path):
+    if connection.vendor != "postgresql":
+        pytest.skip("the pool is PostgreSQL's")
+    member = make_member("team", "alice")
+    make_route("qwen3-attempt")
+    secret = issue(member.org, "qwen3-attempt")
+    db = connection.settings_dict
+    app_name = f"synth-proxy-pool-test-{os.getpid()}"
+    port = _free_port()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "synth_project.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "PGAPPNAME": app_name,  # libpq's: names this process's connections
+        "SYNTH_PROXY_DB_POOL_SIZE": "3",
+        "SYNTH_PROXY_LOOKUP_CHECK_SECONDS": "0.5",
+        "SYNTH_TOKENIZER_DIR": str(TOKENIZER_DIR),
+        "SYNTH_VAR_DIR": str(tmp_path),
+        "CELERY_BROKER_URL": "filesystem://",  # the evidence messages stay under tmp_path
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "synth_project.proxy_asgi:application", "--port", str(port)]
+        + ["--host", "127.0.0.1", "--log-level", "warning"],
+        cwd=ROOT,
+        env=env,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, "the proxy exited"
+            try:
+                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the proxy did not start"
+            time.sleep(0.1)
+
+        def post(client: httpx.Client, *, stream: bool) -> int:
+            return client.post(
+                f"{base}/v1/messages", json=body(stream=stream), headers={"x-api-key": secret}, timeout=60
+            ).status_code
+
+        with httpx.Client() as client:
+            # Warm: the pool opens (its minimum, and more while a first caller waited).
+            assert [post(client, stream=False) for _ in range(2)] == [200, 200]
+            before = _backends(app_name)
+            assert 1 <= len(before) <= 3
+            # Then the connections stay the same ones, call after call.
+            assert [post(client, stream=i % 2 == 0) for i in range(10)] == [200] * 10
+            assert _backends(app_name) == before
+
+        async def burst() -> list[int]:
+            async with httpx.AsyncClient() as client:
+
+                async def one() -> int:
+                    reply = await client.post(
+                        f"{base}/v1/messages", json=body(), headers={"x-api-key": secret}, timeout=60
+                    )
+                    return reply.status_code
+
+                return list(await asyncio.gather(*(one() for _ in range(16))))
+
+        assert asyncio.run(burst()) == [200] * 16
+        assert len(_backends(app_name)) <= 3  # bounded by SYNTH_PROXY_DB_POOL_SIZE
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
