@@ -151,7 +151,7 @@ async def messages_view(request: HttpRequest) -> HttpResponse:
         ctx = await db_phase(calls.call_context_build)(
             caller=caller, model=body["model"], headers=request.headers, request_id=request_id
         )
-        ticket = pool.generation.reserve(caller=caller.key)
+        ticket = pool.generation_reserve(caller=caller.key, route=ctx.route.name)
         prepared = await calls.message_prepare(ctx=ctx, request=body)
     except BaseException as exc:  # noqa: BLE001 - every failure answers in Anthropic's shape
         if ticket is not None:
