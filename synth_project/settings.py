@@ -357,7 +357,9 @@ def _route_limits(name: str) -> dict[str, int]:
     limits: dict[str, int] = {}
     for route, raw in env_pairs(name).items():
         if not raw.isdigit() or int(raw) < 1:
-            raise ImproperlyConfigured(f"{name}: the limit of {route!r} must be a whole number of at least 1, got {raw!r}")
+            raise ImproperlyConfigured(
+                f"{name}: the limit of {route!r} must be a whole number of at least 1, got {raw!r}"
+            )
         limits[route] = int(raw)
     return limits
 

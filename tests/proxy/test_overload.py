@@ -105,7 +105,12 @@ def test_a_client_that_disconnects_cancels_its_generation(live_proxy, stream):
     handle = sampler.model.register_forward_hook(hook)
     try:
         body = json.dumps(
-            {"model": "qwen3-local", "max_tokens": 256, "stream": stream, "messages": [{"role": "user", "content": "hi"}]}
+            {
+                "model": "qwen3-local",
+                "max_tokens": 256,
+                "stream": stream,
+                "messages": [{"role": "user", "content": "hi"}],
+            }
         ).encode()
         head = (
             f"POST /v1/messages HTTP/1.1\r\nHost: proxy\r\ncontent-type: application/json\r\n"
