@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: SQLite, Celery's filesystem broker, a filesystem
 # object store, the local bubblewrap sandbox. Starts the platform (gateway, model proxy on
-# a Unix socket, one worker for every queue) in the background, imports the example
+# a Unix socket for sandboxes and a TCP port for `synth claude`, one worker for every queue)
+# in the background, imports the example
 # dataset, evaluates it with the oracle agent through the `synth` CLI, shows the result, then
 # trains the default model route for a few steps on examples/train-tasks and lists the
 # learning updates and checkpoints.
@@ -9,7 +10,8 @@
 #   bash deploy/embedded.sh          # set-up, start, run the evaluation, leave it running
 #   bash deploy/embedded.sh stop     # stop the background processes
 #
-# Environment: SYNTH_PORT (8000), SYNTH_VAR_DIR (var/), SYNTH_DEMO_ACTOR (examples/oracle-agent.json;
+# Environment: SYNTH_PORT (8000, the gateway), SYNTH_PROXY_PORT (SYNTH_PORT + 1, the proxy's
+# TCP listener), SYNTH_VAR_DIR (var/), SYNTH_DEMO_ACTOR (examples/oracle-agent.json;
 # examples/agent.json runs Claude Code against the default model route through the proxy),
 # SYNTH_DEMO_TRAIN (1; 0 skips the training run).
 set -euo pipefail
@@ -20,6 +22,10 @@ unset DATABASE_URL CELERY_BROKER_URL SYNTH_OBJECT_STORE
 export SYNTH_VAR_DIR=${SYNTH_VAR_DIR:-$ROOT/var}
 PORT=${SYNTH_PORT:-8000}
 export SYNTH_PUBLIC_URL=http://127.0.0.1:$PORT
+# The gateway samples no model: interactive sessions reach the proxy here (the server hands
+# this address to `synth claude` with its credential).
+PROXY_PORT=${SYNTH_PROXY_PORT:-$((PORT + 1))}
+export SYNTH_PROXY_PUBLIC_URL=http://127.0.0.1:$PROXY_PORT
 RUNDIR=$SYNTH_VAR_DIR/run
 LOGDIR=$SYNTH_VAR_DIR/log
 mkdir -p "$RUNDIR" "$LOGDIR"
@@ -30,7 +36,7 @@ if [ ${#SYNTH_PROXY_SOCKET} -gt 100 ]; then  # a Unix socket path holds at most 
 fi
 
 stop() {
-  for name in worker proxy gateway; do
+  for name in worker proxy proxy-tcp gateway; do
     pidfile=$RUNDIR/$name.pid
     [ -f "$pidfile" ] || continue
     pid=$(cat "$pidfile")
@@ -70,6 +76,10 @@ if ! { [ -f "$RUNDIR/proxy.pid" ] && kill -0 "$(cat "$RUNDIR/proxy.pid")" 2>/dev
 fi
 start proxy "$ROOT/.venv/bin/uvicorn" synth_project.proxy_asgi:application --uds "$SYNTH_PROXY_SOCKET" \
   --lifespan off --timeout-keep-alive 75
+# A second process on TCP, so that an operator's long generation never shares a process (its
+# event loop, its admission) with the agents in sandboxes.
+start proxy-tcp "$ROOT/.venv/bin/uvicorn" synth_project.proxy_asgi:application --host 127.0.0.1 \
+  --port "$PROXY_PORT" --lifespan off --timeout-keep-alive 75
 start gateway "$ROOT/.venv/bin/gunicorn" synth_project.wsgi -c deploy/gunicorn.conf.py -b "127.0.0.1:$PORT" -w 1
 start worker "$ROOT/.venv/bin/celery" -A synth_project worker -Q control,trials,evidence,training -c 3 -B \
   -s "$SYNTH_VAR_DIR/celerybeat-schedule" --without-gossip --without-mingle -l INFO
@@ -85,6 +95,12 @@ for _ in $(seq 1 100); do
 done
 curl -fsS --unix-socket "$SYNTH_PROXY_SOCKET" http://proxy/healthz >/dev/null \
   || { echo "the model proxy did not start; see $LOGDIR/proxy.log" >&2; exit 1; }
+for _ in $(seq 1 100); do
+  curl -fsS "$SYNTH_PROXY_PUBLIC_URL/healthz" >/dev/null 2>&1 && break
+  sleep 0.2
+done
+curl -fsS "$SYNTH_PROXY_PUBLIC_URL/healthz" >/dev/null \
+  || { echo "the model proxy's TCP listener did not start; see $LOGDIR/proxy-tcp.log" >&2; exit 1; }
 
 TOKEN_FILE=$SYNTH_VAR_DIR/demo-token
 if [ ! -s "$TOKEN_FILE" ]; then
@@ -124,7 +140,8 @@ The platform is still running:
   API     $SYNTH_API_URL/api/docs/    (token in $TOKEN_FILE)
   admin   $SYNTH_API_URL/admin/       (create a login: .venv/bin/python manage.py createsuperuser)
   CLI     export SYNTH_API_URL=$SYNTH_API_URL SYNTH_TOKEN=\$(cat $TOKEN_FILE); .venv/bin/synth run list
-  proxy   $SYNTH_PROXY_SOCKET (Anthropic Messages API; route qwen3-8b)
+  proxy   $SYNTH_PROXY_SOCKET for sandboxes, $SYNTH_PROXY_PUBLIC_URL for synth claude
+          (Anthropic Messages API; route qwen3-8b; the gateway serves no /v1)
   stop    bash deploy/embedded.sh stop
 
 Run the same evaluation with the real Claude Code (headless, in the sandbox, talking to the

@@ -89,6 +89,13 @@ def claude_bin() -> str | None:
     return _env_text("SYNTH_CLAUDE_BIN")
 
 
+def proxy_url() -> str | None:
+    """SYNTH_PROXY_URL: where `synth claude` reaches the model proxy, instead of the address
+    the server names (e.g. through a tunnel)."""
+    raw = _env_text("SYNTH_PROXY_URL")
+    return url_normalize(raw) if raw else None
+
+
 def config_dir() -> Path:
     configured = _env_text("SYNTH_CONFIG_DIR")
     return Path(configured).expanduser() if configured else Path.home() / ".config" / "synth"

@@ -18,7 +18,7 @@ from synth_cli.browse import (
     trial_app,
 )
 from synth_cli.cli import JsonOpt, SynthTyper, api_open
-from synth_cli.config import Settings, claude_bin, config_read, config_write, url_normalize
+from synth_cli.config import Settings, claude_bin, config_read, config_write, proxy_url, url_normalize
 from synth_cli.datasets import dataset_app
 from synth_cli.errors import ApiError, CliError
 from synth_cli.http import Api
@@ -195,8 +195,9 @@ def claude_command(
     permissions and resume behaviour.
 
     Asks the server for a short-lived credential scoped to that model (never hands over
-    your API token), points Claude Code at the proxy and names the model for the main
-    agent, subagents and the small/fast slot. The claude binary: $SYNTH_CLAUDE_BIN, else
+    your API token), points Claude Code at the model proxy the server names (its TCP
+    listener; $SYNTH_PROXY_URL overrides the address), after checking that it answers, and
+    names the model for the main agent, subagents and the small/fast slot. The claude binary: $SYNTH_CLAUDE_BIN, else
     `claude` on PATH, else node_modules/.bin/claude of the current directory.
 
     Example: synth claude --model qwen3-8b -- -p "fix the failing test"
@@ -212,9 +213,11 @@ def claude_command(
     if not binary:
         raise CliError("Claude Code is not installed: npm install @anthropic-ai/claude-code (or set SYNTH_CLAUDE_BIN)")
     route = issued["route"]
+    base_url = proxy_url() or url_normalize(issued["base_url"])
+    _proxy_check(base_url)
     env = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "SYNTH_TOKEN")}
     env.update(
-        ANTHROPIC_BASE_URL=issued["base_url"],
+        ANTHROPIC_BASE_URL=base_url,
         ANTHROPIC_AUTH_TOKEN=issued["credential"],
         ANTHROPIC_MODEL=route,
         ANTHROPIC_DEFAULT_SONNET_MODEL=route,
@@ -226,6 +229,24 @@ def claude_command(
     )
     # Replace this process: signals, the terminal and the exit code belong to Claude Code.
     os.execvpe(binary, [binary, *(claude_args or [])], env)
+
+
+def _proxy_check(base_url: str) -> None:
+    """Fail now, with the address, when the model proxy does not answer: Claude Code would
+    retry for minutes before saying why."""
+    import httpx
+
+    from synth_cli.http import transport_reason
+
+    try:
+        response = httpx.get(f"{base_url}/healthz", timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise CliError(
+            f"the model proxy at {base_url} is not reachable ({transport_reason(exc)}); "
+            "the server names it with SYNTH_PROXY_PUBLIC_URL, SYNTH_PROXY_URL overrides it here"
+        ) from None
+    if response.status_code != 200:
+        raise CliError(f"the model proxy at {base_url} answered GET /healthz with {response.status_code}")
 
 
 def main() -> None:

@@ -365,6 +365,24 @@ SYNTH_PROXY_CPU_WORKERS = env_int("SYNTH_PROXY_CPU_WORKERS", os.cpu_count() or 2
 # Admission: sampler calls running at once, and waiting beyond those (then 529 overloaded).
 SYNTH_PROXY_GENERATION_CONCURRENCY = env_int("SYNTH_PROXY_GENERATION_CONCURRENCY", 32, minimum=1)
 SYNTH_PROXY_GENERATION_QUEUE = env_int("SYNTH_PROXY_GENERATION_QUEUE", 256, minimum=0)
+# The same for each route (a backend's capacity), admitted before the process's slot;
+# SYNTH_PROXY_ROUTE_LIMITS sets a route's concurrency by name (route=N,...).
+SYNTH_PROXY_ROUTE_CONCURRENCY = env_int("SYNTH_PROXY_ROUTE_CONCURRENCY", SYNTH_PROXY_GENERATION_CONCURRENCY, minimum=1)
+SYNTH_PROXY_ROUTE_QUEUE = env_int("SYNTH_PROXY_ROUTE_QUEUE", SYNTH_PROXY_GENERATION_QUEUE, minimum=0)
+
+
+def _route_limits(name: str) -> dict[str, int]:
+    limits: dict[str, int] = {}
+    for route, raw in env_pairs(name).items():
+        if not raw.isdigit() or int(raw) < 1:
+            raise ImproperlyConfigured(
+                f"{name}: the limit of {route!r} must be a whole number of at least 1, got {raw!r}"
+            )
+        limits[route] = int(raw)
+    return limits
+
+
+SYNTH_PROXY_ROUTE_LIMITS = _route_limits("SYNTH_PROXY_ROUTE_LIMITS")
 # The same for count_tokens, admitted apart so that bursts of counts never wait for generations.
 SYNTH_PROXY_COUNT_CONCURRENCY = env_int("SYNTH_PROXY_COUNT_CONCURRENCY", max(2, SYNTH_PROXY_CPU_WORKERS * 2), minimum=1)
 SYNTH_PROXY_COUNT_QUEUE = env_int("SYNTH_PROXY_COUNT_QUEUE", 256, minimum=0)
@@ -410,8 +428,9 @@ SYNTH_PROXY_MAX_ADAPTER_SAMPLERS = env_int("SYNTH_PROXY_MAX_ADAPTER_SAMPLERS", 4
 SYNTH_WEIGHTS_CACHE_DIR = Path(os.environ.get("SYNTH_WEIGHTS_CACHE_DIR") or VAR_DIR / "weights")
 # Unpacked packages kept there (most recently used; idle ones beyond this are removed).
 SYNTH_WEIGHTS_CACHE_KEEP = env_int("SYNTH_WEIGHTS_CACHE_KEEP", 16)
-# Where operators' harnesses (synth claude) reach the proxy; the gateway serves /v1 too.
-SYNTH_PROXY_PUBLIC_URL = os.environ.get("SYNTH_PROXY_PUBLIC_URL", "").rstrip("/") or None
+# Where operators' harnesses (synth claude) reach a proxy's TCP listener; the gateway does
+# not serve /v1 (it answers there with this address). The default is the embedded layout's.
+SYNTH_PROXY_PUBLIC_URL = (os.environ.get("SYNTH_PROXY_PUBLIC_URL") or "http://127.0.0.1:8001").rstrip("/")
 # The proxy serves the Anthropic endpoints on this Unix socket (uvicorn --uds); trials
 # workers on the same host bridge each sandbox to it (apps.trials.model_access).
 SYNTH_PROXY_SOCKET = Path(os.environ.get("SYNTH_PROXY_SOCKET") or VAR_DIR / "run" / "proxy.sock")

@@ -28,7 +28,13 @@ def test_embedded_default_runs_the_example_evaluation_and_training(tmp_path):
         for k, v in os.environ.items()
         if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "SYNTH_OBJECT_STORE", "DJANGO_SETTINGS_MODULE")
     }
-    env.update(SYNTH_VAR_DIR=str(tmp_path / "var"), SYNTH_PORT=str(port), LITELLM_LOCAL_MODEL_COST_MAP="True")
+    proxy_port = _free_port()
+    env.update(
+        SYNTH_VAR_DIR=str(tmp_path / "var"),
+        SYNTH_PORT=str(port),
+        SYNTH_PROXY_PORT=str(proxy_port),
+        LITELLM_LOCAL_MODEL_COST_MAP="True",
+    )
     try:
         out = subprocess.run(
             ["bash", "deploy/embedded.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
@@ -69,6 +75,34 @@ def test_embedded_default_runs_the_example_evaluation_and_training(tmp_path):
         # Numbered as the updates that saved them: from 0.
         assert [c["step"] for c in checkpoints] == list(range(steps)), out.stdout[-3000:]
         assert all(c["parent"] == p["id"] for p, c in zip(checkpoints, checkpoints[1:], strict=False))
+        # An interactive session: `synth claude` hands its harness the proxy's TCP listener,
+        # which samples the default route; the gateway answers /v1 with that address.
+        harness = tmp_path / "claude"
+        harness.write_text(
+            "#!/bin/sh\n"
+            'echo "BASE $ANTHROPIC_BASE_URL"\n'
+            'curl -sS -H "x-api-key: $ANTHROPIC_AUTH_TOKEN" -H "content-type: application/json" '
+            '-d \'{"model": "qwen3-8b", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}\' '
+            '"$ANTHROPIC_BASE_URL/v1/messages"\n'
+        )
+        harness.chmod(0o755)
+        session = subprocess.run(
+            [str(ROOT / ".venv/bin/synth"), "claude", "--model", "qwen3-8b"],
+            env=dict(env_cli, SYNTH_CLAUDE_BIN=str(harness), SYNTH_CONFIG_DIR=str(tmp_path)),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert session.returncode == 0, session.stderr
+        base, answer = session.stdout.split("\n", 1)
+        assert base == f"BASE http://127.0.0.1:{proxy_port}"
+        message = json.loads(answer)
+        assert message["type"] == "message" and message["usage"]["output_tokens"] >= 1, message
+        refused = subprocess.run(
+            ["curl", "-sS", "-X", "POST", f"http://127.0.0.1:{port}/v1/messages"], capture_output=True, text=True
+        )
+        error = json.loads(refused.stdout)["error"]
+        assert error["type"] == "not_found_error" and f"http://127.0.0.1:{proxy_port}/v1" in error["message"]
         assert (tmp_path / "var" / "synth.sqlite3").exists()  # it really ran on SQLite
         assert any((tmp_path / "var" / "objects").rglob("*"))  # and the filesystem object store
     finally:

@@ -18,6 +18,11 @@ an asyncio semaphore with a bounded waiting line:
 * one caller (credential or token) holding more than its share is 429 rate_limit_error
   with retry-after, so a runaway agent cannot starve the others.
 
+Generation is admitted twice: by its route (SYNTH_PROXY_ROUTE_CONCURRENCY / _QUEUE, or the
+route's entry in SYNTH_PROXY_ROUTE_LIMITS), then by the process. A call waits for its route's
+slot before it takes a process slot, so a slow backend's queue holds none of the slots the
+other routes need, and a route whose line is full is refused (529) on its own.
+
 Slots are reserved synchronously (`reserve`) before any byte is streamed, so a refusal is
 an HTTP status, not an error event after a 200; the wait for the slot happens later.
 """
@@ -102,11 +107,14 @@ def _resolve(fut: asyncio.Future[None]) -> None:
 class Ticket:
     """A reserved place; `async with ticket:` waits for the slot and releases it after."""
 
-    def __init__(self, admission: Admission, caller: str) -> None:
+    def __init__(self, admission: Admission, caller: str, *, then: Ticket | None = None) -> None:
         self.admission = admission
         self.caller = caller
         self.state = "reserved"  # -> running -> released
         self.waited_ms = 0.0
+        # A second admission entered once this one's slot is held (a route's ticket, then
+        # the process's), and released with it.
+        self.then = then
 
     async def __aenter__(self) -> Ticket:
         adm = self.admission
@@ -128,6 +136,12 @@ class Ticket:
                 raise
         adm.reserved -= 1
         self.state = "running"
+        if self.then is not None:
+            try:
+                await self.then.__aenter__()
+            except BaseException:
+                self.release()
+                raise
         self.waited_ms = (loop.time() - started) * 1000
         return self
 
@@ -137,6 +151,8 @@ class Ticket:
     def release(self) -> None:
         """Give back the place, running or not (idempotent)."""
         adm = self.admission
+        if self.then is not None:
+            self.then.release()
         if self.state == "released":
             return
         if self.state == "running":
@@ -159,6 +175,35 @@ generation = Admission(
     max_waiting=settings.SYNTH_PROXY_GENERATION_QUEUE,
     per_caller=settings.SYNTH_PROXY_PER_CALLER_CONCURRENCY,
 )
+
+
+def route_admission(*, route: str) -> Admission:
+    """The generation admission of one route in this process, built on its first call from
+    the settings of that moment. Its callers are limited by the process admission already."""
+    adm = _routes.get(route)
+    if adm is None:
+        limit = settings.SYNTH_PROXY_ROUTE_LIMITS.get(route, settings.SYNTH_PROXY_ROUTE_CONCURRENCY)
+        queue = settings.SYNTH_PROXY_ROUTE_QUEUE
+        adm = _routes.setdefault(
+            route, Admission(name=f"generation on {route}", limit=limit, max_waiting=queue, per_caller=limit + queue)
+        )
+    return adm
+
+
+def generation_reserve(*, caller: str, route: str) -> Ticket:
+    """Reserve a generation place on ``route`` and in the process, or refuse now (429, 529).
+
+    The ticket waits for the route's slot first, then the process's, and gives back both."""
+    route_ticket = route_admission(route=route).reserve(caller=caller)
+    try:
+        route_ticket.then = generation.reserve(caller=caller)
+    except BaseException:
+        route_ticket.release()
+        raise
+    return route_ticket
+
+
+_routes: dict[str, Admission] = {}
 counting = Admission(
     name="count_tokens",
     limit=settings.SYNTH_PROXY_COUNT_CONCURRENCY,

@@ -164,7 +164,7 @@ async def messages_view(request: HttpRequest) -> HttpResponse:
         caller = await _authenticate(request)
         body = await _parsed(request, schema.messages_request_parse)
         ctx = await _context(request, caller=caller, model=body["model"], request_id=request_id)
-        ticket = pool.generation.reserve(caller=caller.key)
+        ticket = pool.generation_reserve(caller=caller.key, route=ctx.route.name)
         prepared = await calls.message_prepare(ctx=ctx, request=body)
     except BaseException as exc:  # noqa: BLE001 - every failure answers in Anthropic's shape
         if ticket is not None:

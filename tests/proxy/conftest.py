@@ -158,12 +158,15 @@ def assert_error(reply: Reply, status: int, error_type: str) -> dict[str, Any]:
 
 
 class LiveServer:
-    """The ASGI application under uvicorn in a thread, on 127.0.0.1 and a free port."""
+    """An ASGI application under uvicorn in a thread, on 127.0.0.1 and a free port: the whole
+    application by default, or the proxy process's (``proxy=True``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, proxy: bool = False) -> None:
+        import importlib
+
         import uvicorn
 
-        from synth_project.asgi import application
+        application = importlib.import_module("synth_project.proxy_asgi" if proxy else "synth_project.asgi").application
 
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -192,6 +195,17 @@ class LiveServer:
 @pytest.fixture(scope="session")
 def live_server_asgi(django_db_setup, django_db_blocker) -> Iterator[LiveServer]:
     server = LiveServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def live_proxy(django_db_setup, django_db_blocker) -> Iterator[LiveServer]:
+    """The proxy process's application on its TCP listener, as interactive sessions reach it."""
+    server = LiveServer(proxy=True)
     server.start()
     try:
         yield server

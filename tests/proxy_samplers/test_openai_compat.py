@@ -17,7 +17,7 @@ from apps.proxy.samplers.openai_compat import (
     completions_url,
 )
 from tests.proxy_samplers.conftest import PROMPT
-from tests.proxy_samplers.vllm_like_server import ServerThread
+from tests.proxy_samplers.vllm_like_server import CompletionsApp, ServerThread
 
 
 def req(**kw: object) -> SampleRequest:
@@ -170,3 +170,24 @@ def test_concurrent_requests_through_the_server(tiny: LocalTorchSampler, complet
 
     remote = asyncio.run(run())
     assert [r.token_ids for r in remote] == [tiny.sample_blocking(r).token_ids for r in requests]
+
+
+def test_a_cancelled_sample_closes_its_upstream_request(tiny: LocalTorchSampler) -> None:
+    """The proxy cancels the sample when its client goes away; the sampler then closes its
+    connection to the backend, which is how vLLM learns to abort the generation."""
+    with ServerThread(CompletionsApp(tiny)) as server:
+        sampler = OpenAICompatibleSampler(base_url=server.base_url, model="hold")
+
+        async def run() -> None:
+            task = asyncio.create_task(sampler.sample(req()))
+            await asyncio.to_thread(server.app.held.wait, 30)
+            assert server.app.held.is_set()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            # The sampler (and its connection pool) lives on, as it does in the proxy.
+            seen = await asyncio.to_thread(server.app.disconnected.wait, 30)
+            await sampler.close()
+            assert seen, "the backend never saw the request go away"
+
+        asyncio.run(run())

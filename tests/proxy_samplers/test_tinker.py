@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import socket
+import threading
 from typing import Any
 from unittest import mock
 
@@ -205,3 +206,40 @@ def test_real_service_client_against_an_unreachable_service(monkeypatch: pytest.
     sampler = TinkerSampler(base_model="Qwen/Qwen3-8B", base_url=f"http://127.0.0.1:{port}", timeout=1.5)
     with pytest.raises(SamplerUnavailable, match="no sampling client after 1.5s"):
         asyncio.run(sampler.sample(req()))
+
+
+def test_a_cancelled_sample_cancels_the_sdk_request() -> None:
+    """The SDK runs each request as a coroutine on its own loop thread and hands back a future
+    of it (``run_coroutine_threadsafe``, wrapped as SamplingClient.sample wraps it). When the
+    proxy's client goes away the sample is cancelled, and so is that coroutine."""
+    sdk_loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=sdk_loop.run_forever, daemon=True)
+    thread.start()
+    started, cancelled = threading.Event(), threading.Event()
+
+    async def request_in_flight() -> Any:
+        started.set()
+        try:
+            await asyncio.Event().wait()  # the service has not answered yet
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    def sample(**_: Any) -> Any:
+        return _AwaitableFutureCompatWrapper(asyncio.run_coroutine_threadsafe(request_in_flight(), sdk_loop))
+
+    sampler = TinkerSampler(base_model="m", client=fake_client(side_effect=sample))
+
+    async def run() -> None:
+        task = asyncio.create_task(sampler.sample(req()))
+        assert await asyncio.to_thread(started.wait, 30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    try:
+        asyncio.run(run())
+        assert cancelled.wait(30), "the SDK's request kept running"
+    finally:
+        sdk_loop.call_soon_threadsafe(sdk_loop.stop)
+        thread.join(timeout=10)

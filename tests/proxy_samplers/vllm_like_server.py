@@ -7,7 +7,9 @@ so OpenAICompatibleSampler is tested against a server that really samples. There
 tokenizer here, so ``text`` is empty. A raw ASGI app under uvicorn, on a background thread.
 
 Test hooks, chosen by the request's "model": "overloaded" -> 503 with Retry-After,
-"slow" -> sleeps before answering, "no-logprobs" -> a 200 without logprobs.
+"slow" -> sleeps before answering, "no-logprobs" -> a 200 without logprobs, "hold" -> never
+answers: it sets ``held`` and then ``disconnected`` when the client closes the connection
+(what vLLM watches to abort a generation).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class CompletionsApp:
         self.sampler = sampler
         self.model = model
         self.requests: list[dict[str, Any]] = []  # (headers, body) seen, for assertions
+        self.held = threading.Event()
+        self.disconnected = threading.Event()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -50,6 +54,12 @@ class CompletionsApp:
             await self._send(send, 400, {"error": {"message": "invalid JSON", "type": "BadRequestError", "code": 400}})
             return
         self.requests.append({"headers": headers, "body": body})
+        if body.get("model") == "hold":
+            self.held.set()
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            self.disconnected.set()
+            return
         status, payload, extra_headers = await self._complete(body)
         await self._send(send, status, payload, extra_headers)
 

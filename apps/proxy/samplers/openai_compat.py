@@ -170,7 +170,12 @@ class OpenAICompatibleSampler(Sampler):
         body = completions_body(request, model=self.model, extra_body=self.extra_body)
         headers = self._headers()
         try:
-            response = await self._http().post(self.url, json=body, headers=headers)
+            # Streamed and closed on every exit: when the proxy's client goes away this task is
+            # cancelled, and closing a response not read to its end closes its connection
+            # instead of returning it to the pool. That disconnect is what makes vLLM and
+            # SGLang abort the generation, rather than finish it for nobody.
+            async with self._http().stream("POST", self.url, json=body, headers=headers) as response:
+                await response.aread()
         except httpx.TimeoutException as exc:
             raise SamplerUnavailable(f"{self.url}: timed out ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:  # connection refused / reset, DNS, protocol errors

@@ -166,11 +166,21 @@ class TinkerSampler(Sampler):
     async def sample(self, request: SampleRequest) -> SampleResult:
         client = await self._client_get()
         prompt, params = tinker_sampling_inputs(request)
+        future = None
         try:
             future = client.sample(prompt=prompt, num_samples=1, sampling_params=params)
             # The SDK returns an APIFuture: awaitable, resolved on the SDK's own loop thread.
             response = await asyncio.wait_for(_awaited(future), self.timeout)
+        except asyncio.CancelledError:
+            # The caller went away (client disconnect): cancel the request on the SDK's loop
+            # too, whatever awaiting its future did, so it stops polling for a result nobody
+            # reads.
+            if future is not None:
+                _cancel(future)
+            raise
         except TimeoutError:
+            if future is not None:
+                _cancel(future)
             raise SamplerUnavailable(f"tinker sample: no response after {self.timeout:g}s") from None
         except tinker.TinkerError as exc:
             raise _tinker_error(exc, what="sample") from exc
@@ -179,3 +189,11 @@ class TinkerSampler(Sampler):
 
 async def _awaited(awaitable: Any) -> Any:
     return await awaitable
+
+
+def _cancel(future: Any) -> None:
+    """Cancel an SDK future: an APIFuture's standard future (cancelling it cancels the
+    operation, per the SDK), or an older SDK's concurrent.futures.Future itself."""
+    standard = future.future() if hasattr(future, "future") else future
+    if isinstance(standard, concurrent.futures.Future | asyncio.Future):
+        standard.cancel()
