@@ -115,18 +115,18 @@ def _task_versions_store(*, org: Organization, tasks: list[ParsedTask]) -> dict[
         org=org, blobs=[p.archive for p in new], content_type=task_archives.ARCHIVE_CONTENT_TYPE
     )
     for start in range(0, len(new), STORE_CHUNK):
-        chunk = new[start : start + STORE_CHUNK]
+        batch = new[start : start + STORE_CHUNK]
         # ignore_conflicts: a concurrent import of the same content may have won; its row
         # is read back like ours.
         TaskVersion.objects.bulk_create(
             [
                 TaskVersion(org=org, digest=p.digest, archive=archives[p.digest], **_task_version_fields(p))
-                for p in chunk
+                for p in batch
             ],
             ignore_conflicts=True,
         )
         found.update(
-            {tv.digest: tv for tv in TaskVersion.objects.filter(org=org, digest__in=[p.digest for p in chunk])}
+            {tv.digest: tv for tv in TaskVersion.objects.filter(org=org, digest__in=[p.digest for p in batch])}
         )
     return found
 
