@@ -1,20 +1,29 @@
 """Control-plane throughput on PostgreSQL: run submissions per second (through the HTTP
-API served by gunicorn, several concurrent clients) and event append / read rates.
+API served by gunicorn, several concurrent clients), event append rates (one per
+transaction, and batched as a worker's bursts), event reads, a 10,000-trial cancel
+(bench/cancel.py, in a subprocess) and a 10,000-task dataset push (the examples' task
+shape, packed and uploaded as `synth dataset push` does).
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/synth_bench .venv/bin/python bench/control_plane.py
 
-Prints figures; asserts nothing. The database named in DATABASE_URL is created if
-missing and its tables are migrated; rows are left behind for inspection.
+Prints figures; asserts nothing; the last line is one JSON object: {"submissions_per_s",
+"event_appends_per_s", "event_appends_batched_per_s", "cancel_10k_s", "push_10k_s"} (with
+the load average). The database named in DATABASE_URL is created if missing and its
+tables are migrated; rows are left behind for inspection.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +45,38 @@ def ensure_database(url: str) -> None:
             conn.execute(f'CREATE DATABASE "{name}"')
 
 
+def make_push_tasks(root: Path, n: int) -> None:
+    """``n`` tasks of the examples' shape: copies of examples/tasks, each renamed."""
+    shapes = sorted(p for p in (ROOT / "examples" / "tasks").iterdir() if (p / "task.toml").is_file())
+    for i in range(n):
+        shape = shapes[i % len(shapes)]
+        task = root / f"{shape.name}-{i:05d}"
+        shutil.copytree(shape, task)
+        toml = task / "task.toml"
+        suffix = f"-{i:05d}"
+        text = re.sub(r'^(name = "[^"]+)"', rf'\1{suffix}"', toml.read_text(), count=1, flags=re.M)
+        toml.write_text(text)
+
+
+def cancel_bench(*, trials: int) -> float | None:
+    """bench/cancel.py over ``trials`` trials (in its own process: it swaps the broker)."""
+    tasks = max(1, trials // 4)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "cancel.py"), "--tasks", str(tasks), "--attempts", "4"],
+        cwd=ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    if proc.returncode != 0:
+        print(f"cancel bench failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        return None
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"cancel of {figures['trials']:,} trials: {figures['time_to_cancelled_s']:.2f} s to cancelled")
+    return float(figures["time_to_cancelled_s"])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -47,6 +88,9 @@ def main() -> None:
     parser.add_argument("--submissions", type=int, default=400)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--events", type=int, default=5000)
+    parser.add_argument("--burst", type=int, default=50, help="events per batched append")
+    parser.add_argument("--cancel-trials", type=int, default=10_000, help="0: skip the cancel")
+    parser.add_argument("--push-tasks", type=int, default=10_000, help="0: skip the push")
     args = parser.parse_args()
 
     import logging
@@ -62,7 +106,7 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     from apps.accounts.services import membership_set, org_get_or_create, token_issue
     from apps.runs.models import Run
-    from apps.runs.services import event_append
+    from apps.runs.services import event_append, events_append
     from tests.factories import make_dataset_version, make_profile_version
 
     stamp = str(int(time.time()))
@@ -111,6 +155,7 @@ def main() -> None:
                 time.sleep(0.1)
         headers = {"Authorization": f"Bearer {secret}"}
         latencies: list[float] = []
+        figures: dict[str, float | None] = {}
 
         local = threading.local()
 
@@ -131,6 +176,7 @@ def main() -> None:
         elapsed = time.perf_counter() - t0
         assert all(c == 201 for c in codes), set(codes)
         lat = sorted(latencies)
+        figures["submissions_per_s"] = round(args.submissions / elapsed, 1)
         print(
             f"run submissions (HTTP, {args.clients} clients, gunicorn 2x8): "
             f"{args.submissions / elapsed:,.0f} runs/s; latency p50 {statistics.median(lat) * 1000:.1f} ms, "
@@ -143,7 +189,22 @@ def main() -> None:
             with transaction.atomic():
                 event_append(run_id=run.id, type="progress.tick", data={"i": i})
         elapsed = time.perf_counter() - t0
+        figures["event_appends_per_s"] = round(args.events / elapsed)
         print(f"event append (one per transaction, one run): {args.events / elapsed:,.0f} events/s")
+
+        bursts = max(1, args.events * 4 // args.burst)
+        t0 = time.perf_counter()
+        for b in range(bursts):
+            with transaction.atomic():
+                events_append(
+                    run_id=run.id, events=[("progress.tick", {"burst": b, "i": i}) for i in range(args.burst)]
+                )
+        elapsed = time.perf_counter() - t0
+        figures["event_appends_batched_per_s"] = round(bursts * args.burst / elapsed)
+        print(
+            f"event append (batched, {args.burst} per transaction, one run): "
+            f"{bursts * args.burst / elapsed:,.0f} events/s"
+        )
 
         def append_many(run_id: str, n: int) -> None:
             from django.db import connections
@@ -174,9 +235,48 @@ def main() -> None:
                     break
             elapsed = time.perf_counter() - t0
             print(f"event read (HTTP pages of 1000): {read / elapsed:,.0f} events/s ({read} events)")
+
+        figures["push_10k_s"] = None
+        if args.push_tasks:
+            figures["push_10k_s"] = push_bench(base=base, secret=secret, tasks=args.push_tasks, stamp=stamp)
     finally:
         server.terminate()
         server.wait(timeout=10)
+    figures["cancel_10k_s"] = cancel_bench(trials=args.cancel_trials) if args.cancel_trials else None
+    figures["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    print(json.dumps(figures))
+
+
+def push_bench(*, base: str, secret: str, tasks: int, stamp: str) -> float | None:
+    """Pack ``tasks`` tasks as the CLI does and push them in one request; seconds from
+    the start of the upload to the server's answer."""
+    import httpx
+
+    from synth_cli.packing import pack_folder
+
+    with tempfile.TemporaryDirectory(prefix="synth-bench-push-") as tmp:
+        make_push_tasks(Path(tmp), tasks)
+        t_pack = time.perf_counter()
+        packed = pack_folder(Path(tmp))
+        packed_s = time.perf_counter() - t_pack
+        # The figure is the request's (upload, validation, storage): packing is the client's.
+        t0 = time.perf_counter()
+        resp = httpx.post(
+            f"{base}/api/datasets",
+            headers={"Authorization": f"Bearer {secret}"},
+            data={"name": f"push-{stamp}", "version": "1"},
+            files={"archive": ("dataset.tar.gz", packed.archive, "application/gzip")},
+            timeout=1800,
+        )
+        elapsed = time.perf_counter() - t0
+    if resp.status_code != 201:
+        print(f"push of {tasks:,} tasks refused: {resp.status_code} {resp.text[:500]}")
+        return None
+    print(
+        f"dataset push of {tasks:,} tasks ({packed.files:,} files, {len(packed.archive):,} bytes gzipped): "
+        f"{elapsed:.1f} s in the request, {elapsed / tasks * 1000:.2f} ms per task (packing before it: {packed_s:.1f} s)"
+    )
+    return round(elapsed, 2)
 
 
 if __name__ == "__main__":

@@ -6,12 +6,15 @@ agent through real Celery workers, Harbor trials and the local bubblewrap sandbo
 Prints trials per minute, the sandbox start overhead (Harbor's environment-setup phase:
 sandbox creation, cgroups, workdir copy) p50/p99, per-trial wall time p50/p99, and the
 peak memory of the worker's process tree (sampled from /proc) against its memory
-budget. Uses PostgreSQL (DATABASE_URL, default database synth_bench) and Redis.
+budget, and the slot use: the share of the slots' time (slots x the span from the first
+start to the last finish) that trials held. Uses PostgreSQL (DATABASE_URL, default
+database synth_bench) and Redis. The last line is one JSON object of the figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -213,6 +216,20 @@ def main() -> None:
         f"memory: worker tree peak RSS {peak['rss']:.0f} MB (idle {idle_rss:.0f} MB) against a budget of "
         f"{args.memory_mb} MB; peak reserved by admission {reserved_peak} MB; {waits} admission waits"
     )
+    # A trial holds its slot from its start (admitted) to its end; the slots' time is the span.
+    slot_use = sum(walls) / (args.slots * span) if span > 0 else 0.0
+    print(f"slot use: {slot_use:.1%} of {args.slots} slots x {span:.1f} s")
+    figures = {
+        "trials": len(trials),
+        "slots": args.slots,
+        "trials_per_min": round(len(trials) / span * 60, 1),
+        "slot_use": round(slot_use, 3),
+        "trial_wall_p50_s": round(statistics.median(walls), 3),
+        "sandbox_setup_p50_ms": round(statistics.median(setup) * 1000),
+        "admission_waits": waits,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

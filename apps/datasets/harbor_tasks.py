@@ -99,8 +99,9 @@ def task_dir_parse(
     `label` prefixes every message (default: the folder name), so that a problem in a
     dataset of many tasks reads "hello/tests/test.sh: missing".
     """
+    from harbor.models.task.file_filter import TaskFileFilter
     from harbor.models.task.paths import TaskPaths
-    from harbor.models.task.task import Task
+    from harbor.models.task.task import Task, strip_canary
 
     from synth_sandbox.support import describe_task_support
 
@@ -127,19 +128,23 @@ def task_dir_parse(
     # (with the file name) rather than as a resolved absolute path from Harbor.
     entries = task_entries_collect(task_dir, label=label, max_file_bytes=max_file_bytes, max_task_bytes=max_task_bytes)
 
+    # Harbor's own checks, on the config parsed above: the ones Task(task_dir) and
+    # Task.is_valid_dir (its discovery predicate) make, each made once. Building a Task
+    # would parse task.toml again and walk the inputs twice more.
+    resolved = TaskPaths(task_dir.resolve())
+    file_filter = TaskFileFilter(resolved.task_dir)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            task = Task(task_dir)
+            Task._validate_input_paths(config, resolved, file_filter=file_filter)
+            Task._validate_tests(config, resolved, file_filter=file_filter)
+            instruction = "" if config.steps else strip_canary(resolved.instruction_path.read_text())
     except FileNotFoundError as exc:
         raise _harbor_missing(exc, config=config, paths=paths, label=label) from None
     except (ValueError, OSError, RuntimeError) as exc:
         raise TaskFormatError(label, _relabel(str(exc), task_dir, label)) from None
-    # Harbor's own discovery predicate; a folder it would silently skip is not a task.
-    if not Task.is_valid_dir(task_dir):
-        raise TaskFormatError(label, "not a valid Harbor task directory")
 
-    name = str(task.name)
+    name = str(config.task.name if config.task is not None else resolved.task_dir.name)
     if len(name) > TASK_NAME_MAX:
         raise TaskFormatError(f"{label}/task.toml", f"[task].name is longer than {TASK_NAME_MAX} characters")
     if len(config.environment.docker_image or "") > DOCKER_IMAGE_MAX:
@@ -152,7 +157,7 @@ def task_dir_parse(
         name=name,
         config=config,
         config_json=config_json,
-        instruction=task.instruction,
+        instruction=instruction,
         has_dockerfile=(paths.environment_dir / "Dockerfile").is_file(),
         has_solution=paths.discovered_solve_path_for(config.environment.os) is not None,
         archive=archive,

@@ -13,7 +13,7 @@ import fnmatch
 import re
 import tempfile
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -26,12 +26,14 @@ from apps.datasets.errors import TaskFormatError
 from apps.datasets.harbor_tasks import ParsedTask
 from apps.datasets.models import Dataset, DatasetVersion, DatasetVersionTask, TaskVersion
 from apps.datasets.selectors import dataset_version_get, dataset_version_local_unsupported
-from apps.objects.services import object_put
+from apps.objects.services import objects_put_many
 
 DATASET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 DATASET_VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
 REFERENCE_RE = re.compile(r"^(?P<org>[^/@\s]+)/(?P<name>[^/@\s]+)@(?P<version>[^/@\s]+)$")
 MAX_REGISTRY_BYTES = 4 * 1024 * 1024
+# Rows per statement when a dataset's tasks are stored (bounded parameter lists).
+STORE_CHUNK = 500
 
 
 class ArchiveTooLarge(ServiceError):
@@ -77,36 +79,61 @@ def _names_unique_check(*, tasks: list[ParsedTask], labels: list[str], field: st
         seen[parsed.name] = label
 
 
-def _task_version_store(*, org: Organization, parsed: ParsedTask) -> TaskVersion:
-    """The org's task version for this content: the existing one, or a new one.
+def _task_version_fields(parsed: ParsedTask) -> dict[str, Any]:
+    return {
+        "name": parsed.name,
+        "config": parsed.config_json,
+        "instruction": parsed.instruction,
+        "agent_timeout_sec": parsed.agent_timeout_sec,
+        "verifier_timeout_sec": parsed.verifier_timeout_sec,
+        "cpus": parsed.cpus,
+        "memory_mb": parsed.memory_mb,
+        "storage_mb": parsed.storage_mb,
+        "docker_image": parsed.docker_image,
+        "has_dockerfile": parsed.has_dockerfile,
+        "has_solution": parsed.has_solution,
+        "local_support": parsed.local_support,
+    }
 
-    Must run inside the caller's transaction: object_put commits a StoredObject row.
+
+def _task_versions_store(*, org: Organization, tasks: list[ParsedTask]) -> dict[str, TaskVersion]:
+    """The org's task versions for these contents, by digest: the existing ones, and new
+    ones for the rest. A few statements per thousand tasks, not a few per task.
+
+    Must run inside the caller's transaction: the StoredObject rows commit with the tasks.
     """
-    existing = TaskVersion.objects.filter(org=org, digest=parsed.digest).first()
-    if existing is not None:
-        return existing
-    archive = object_put(org=org, data=parsed.archive, content_type=task_archives.ARCHIVE_CONTENT_TYPE)
-    # get_or_create, not create: a concurrent import of the same content may have won.
-    task_version, _ = TaskVersion.objects.get_or_create(
-        org=org,
-        digest=parsed.digest,
-        defaults={
-            "name": parsed.name,
-            "archive": archive,
-            "config": parsed.config_json,
-            "instruction": parsed.instruction,
-            "agent_timeout_sec": parsed.agent_timeout_sec,
-            "verifier_timeout_sec": parsed.verifier_timeout_sec,
-            "cpus": parsed.cpus,
-            "memory_mb": parsed.memory_mb,
-            "storage_mb": parsed.storage_mb,
-            "docker_image": parsed.docker_image,
-            "has_dockerfile": parsed.has_dockerfile,
-            "has_solution": parsed.has_solution,
-            "local_support": parsed.local_support,
-        },
+    unique = {parsed.digest: parsed for parsed in tasks}
+    found: dict[str, TaskVersion] = {}
+    digests = list(unique)
+    for start in range(0, len(digests), STORE_CHUNK):
+        chunk = digests[start : start + STORE_CHUNK]
+        found.update({tv.digest: tv for tv in TaskVersion.objects.filter(org=org, digest__in=chunk)})
+    new = [unique[d] for d in digests if d not in found]
+    if not new:
+        return found
+    archives = objects_put_many(
+        org=org, blobs=[p.archive for p in new], content_type=task_archives.ARCHIVE_CONTENT_TYPE
     )
-    return task_version
+    for start in range(0, len(new), STORE_CHUNK):
+        batch = new[start : start + STORE_CHUNK]
+        # ignore_conflicts: a concurrent import of the same content may have won; its row
+        # is read back like ours.
+        TaskVersion.objects.bulk_create(
+            [
+                TaskVersion(org=org, digest=p.digest, archive=archives[p.digest], **_task_version_fields(p))
+                for p in batch
+            ],
+            ignore_conflicts=True,
+        )
+        found.update(
+            {tv.digest: tv for tv in TaskVersion.objects.filter(org=org, digest__in=[p.digest for p in batch])}
+        )
+    return found
+
+
+def _task_version_store(*, org: Organization, parsed: ParsedTask) -> TaskVersion:
+    """The org's task version for this content: the existing one, or a new one."""
+    return _task_versions_store(org=org, tasks=[parsed])[parsed.digest]
 
 
 def task_version_import_dir(*, org: Organization, path: Path | str) -> TaskVersion:
@@ -147,10 +174,7 @@ def _dataset_version_store(
 
     with transaction.atomic():
         dataset, _ = Dataset.objects.get_or_create(org=org, name=name)
-        by_digest: dict[str, TaskVersion] = {}
-        for parsed in tasks:
-            if parsed.digest not in by_digest:
-                by_digest[parsed.digest] = _task_version_store(org=org, parsed=parsed)
+        by_digest = _task_versions_store(org=org, tasks=tasks)
         try:
             with transaction.atomic():
                 dataset_version = DatasetVersion.objects.create(
@@ -165,7 +189,8 @@ def _dataset_version_store(
                     dataset_version=dataset_version, position=position, task_version=by_digest[parsed.digest]
                 )
                 for position, parsed in enumerate(tasks)
-            ]
+            ],
+            batch_size=STORE_CHUNK,
         )
     return dataset_version, True
 

@@ -25,7 +25,10 @@ from apps.datasets.errors import TaskFormatError
 # Defaults for the size limits; the services read the effective values from settings.
 DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_TASK_BYTES = 256 * 1024 * 1024
-DEFAULT_MAX_ARCHIVE_MEMBERS = 100_000
+# Entries (files, folders, links) one task may hold; an uploaded archive may hold that many
+# per task it carries, up to the archive-wide ceiling.
+DEFAULT_MAX_TASK_ENTRIES = 10_000
+DEFAULT_MAX_ARCHIVE_MEMBERS = 2_000_000
 
 ARCHIVE_CONTENT_TYPE = "application/x-tar"
 
@@ -74,6 +77,8 @@ def task_entries_collect(
         directory = stack.pop()
         with os.scandir(directory) as it:
             children = sorted(it, key=lambda e: e.name)
+        if len(entries) + len(children) > DEFAULT_MAX_TASK_ENTRIES:
+            raise TaskFormatError(label, f"more than {DEFAULT_MAX_TASK_ENTRIES} entries in one task")
         for child in children:
             path = Path(child.path)
             rel = path.relative_to(root).as_posix()
@@ -145,25 +150,35 @@ def archive_extract(
     *,
     max_member_bytes: int = DEFAULT_MAX_FILE_BYTES,
     max_total_bytes: int = DEFAULT_MAX_TASK_BYTES,
+    max_task_entries: int = DEFAULT_MAX_TASK_ENTRIES,
     max_members: int = DEFAULT_MAX_ARCHIVE_MEMBERS,
     where: str = "archive",
 ) -> Path:
     """Safely unpack an uploaded tar / tar.gz into `dest` and return the dataset root.
 
-    Sizes are checked from the headers before anything is written (a small gzip can
-    expand enormously); Python's "data" extraction filter refuses absolute paths, `..`,
-    links leaving `dest` and device files. A single top-level folder is descended into,
-    since `tar czf x.tgz mytasks/` is the natural way to pack a folder of tasks.
+    One streaming pass: each member's header is checked before its bytes are written, so
+    a small gzip that would expand enormously stops at the first limit it crosses (the
+    caller's temporary folder then goes with what was written). The entry limit is per
+    task: the archive may hold ``max_task_entries`` entries for every task.toml seen so
+    far plus one task's worth (a task's files sort before its task.toml), so a dataset of
+    many small tasks fits, and ``max_members`` is the ceiling whatever it holds. Python's
+    "data" extraction filter refuses absolute paths, `..`, links leaving `dest` and device
+    files. A single top-level folder is descended into, since `tar czf x.tgz mytasks/` is
+    the natural way to pack a folder of tasks.
     """
     try:
-        with tarfile.open(fileobj=fileobj, mode="r:*") as tar:
-            members = []
-            total = 0
+        with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
+            count = tasks = total = 0
             for member in tar:
                 _member_names_check(member, where=where)
-                members.append(member)
-                if len(members) > max_members:
+                count += 1
+                if count > max_members:
                     raise TaskFormatError(where, f"more than {max_members} entries")
+                if count > max_task_entries * (tasks + 1):
+                    raise TaskFormatError(
+                        where,
+                        f"more than {max_task_entries} entries per task ({count} entries, {tasks} task.toml files)",
+                    )
                 if member.isfile():
                     if member.size > max_member_bytes:
                         raise TaskFormatError(
@@ -173,12 +188,15 @@ def archive_extract(
                     total += member.size
                     if total > max_total_bytes:
                         raise TaskFormatError(where, f"content is over the limit of {max_total_bytes} bytes")
-            for member in members:
+                    if member.name.rsplit("/", 1)[-1] == "task.toml":
+                        tasks += 1
                 try:
                     tar.extract(member, dest, filter="data")
                 except tarfile.FilterError as exc:
                     raise TaskFormatError(f"{where}: {member.name}", _filter_reason(exc)) from None
     except tarfile.ReadError as exc:
+        raise TaskFormatError(where, f"not a readable tar or tar.gz file ({exc})") from None
+    except tarfile.StreamError as exc:
         raise TaskFormatError(where, f"not a readable tar or tar.gz file ({exc})") from None
     except EOFError:
         raise TaskFormatError(where, "truncated archive") from None

@@ -90,7 +90,8 @@ class RunListCreateApi(APIView):
             idempotency_key=key,
             body=request.data,
         )
-        run = selectors.run_get(org=request.auth.org, run_id=run.id)
+        if not created:  # a new run comes back complete from run_submit
+            run = selectors.run_get(org=request.auth.org, run_id=run.id)
         return Response(
             RunOutputSerializer(run).data,
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,

@@ -28,7 +28,7 @@ from django.utils import timezone
 from apps.accounts.models import WorkerIdentity
 from apps.core.errors import Conflict, NotFound, StaleLease, ValidationFailed
 from apps.runs.dispatch import trials_enqueue
-from apps.runs.events import event_append
+from apps.runs.events import event_append, events_append
 from apps.runs.models import GroupStatus, Lease, LeaseStatus, LeaseWrite, Run, RunStatus, Trial, TrialStatus
 from apps.runs.settlement import TrialOutcome, trial_cancel, trial_settle
 from apps.runs.transitions import group_transition, lease_transition, run_transition, trial_transition
@@ -210,8 +210,8 @@ def lease_report(
         if LeaseWrite.objects.filter(lease=lease, local_seq=local_seq).exists():
             return False
         LeaseWrite.objects.create(lease=lease, local_seq=local_seq)
-        for event in events:
-            event_append(run_id=run.id, type=event["type"], data=event.get("data") or {})
+        # One statement for the whole burst (apps.runs.events).
+        events_append(run_id=run.id, events=[(event["type"], event.get("data") or {}) for event in events])
     return True
 
 

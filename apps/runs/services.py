@@ -242,7 +242,7 @@ def run_submit(
                 judge_binding=judge_binding,
                 plan=request["plan"],
             )
-            event_append(
+            created = event_append(
                 run_id=run.id,
                 type="run.created",
                 data={
@@ -266,6 +266,9 @@ def run_submit(
                     ),
                 },
             )
+            # The returned run is what a re-read would give (its spec is cached by the
+            # create above): the caller can answer without reading it back.
+            run.last_event_seq = created.seq
             from apps.runs.tasks import run_schedule_task
 
             transaction.on_commit(lambda: run_schedule_task.delay(run.id))

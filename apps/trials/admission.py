@@ -11,17 +11,24 @@ Reservations belong to the trial's lease and to the worker process that asked (i
 holder): the reservation ends with its trial (in `trial_complete`), with its lease (the
 reaper), or with its process (a worker starting on the host releases what no live process
 holds). Admission itself never counts a reservation whose lease is dead.
+
+A waiting trial is woken by a freed reservation: every release sends a PostgreSQL NOTIFY
+naming the node (delivered when the release commits, never on a rollback), which the
+waiters LISTEN for on a connection of their own. The wait still ends after a short
+timeout, so that a lapsed lease or a cancel is noticed without a notification; on SQLite
+(the embedded default) that timeout is the whole mechanism: a poll.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
 
@@ -33,6 +40,8 @@ from apps.runs.transitions import reservation_transition
 logger = logging.getLogger(__name__)
 
 AGING_SECONDS = 60.0
+# The channel every release notifies; the payload is the node's name.
+FREED_CHANNEL = "synth_admission_freed"
 
 
 class NeverFits(ServiceError):
@@ -179,17 +188,94 @@ def admission_try(*, reservation: Reservation) -> bool:
         return False
 
 
+def _freed_notify(*, node_id: str) -> None:
+    """Wake the node's waiting trials once the caller's release commits."""
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [FREED_CHANNEL, node_id])
+
+
+class FreedWake:
+    """A waiting trial's ear for freed reservations on its node: a LISTEN on a dedicated
+    connection (PostgreSQL), or nothing but the timeout (SQLite, or when the connection
+    cannot be opened: the wait degrades to the poll it replaces). Open it before the try
+    whose failure leads to a wait, so that a release committed in between is not missed."""
+
+    def __init__(self, *, node_name: str) -> None:
+        self.node_name = node_name
+        self._conn: Any = None
+        if connection.vendor != "postgresql":
+            return
+        import psycopg
+
+        db = connection.settings_dict
+        try:
+            self._conn = psycopg.connect(
+                dbname=db["NAME"],
+                user=db["USER"] or None,
+                password=db["PASSWORD"] or None,
+                host=db["HOST"] or None,
+                port=db["PORT"] or None,
+                autocommit=True,
+                connect_timeout=5,
+            )
+            self._conn.execute(f"LISTEN {FREED_CHANNEL}")
+        except psycopg.Error:
+            logger.warning("cannot LISTEN for freed reservations; polling instead", exc_info=True)
+            self.close()
+
+    def wait(self, *, timeout: float) -> bool:
+        """Block until a reservation of this node is freed (True) or ``timeout`` passes."""
+        if self._conn is None:
+            time.sleep(timeout)
+            return False
+        import psycopg
+
+        deadline = time.monotonic() + timeout
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                for note in self._conn.notifies(timeout=left, stop_after=1):
+                    if note.payload == self.node_name:
+                        return True
+        except psycopg.Error:
+            logger.warning("lost the LISTEN connection for freed reservations; polling instead", exc_info=True)
+            self.close()
+        return False
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+    def __enter__(self) -> FreedWake:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def admission_release(*, reservation: Reservation, why: str = "its trial ended") -> bool:
     """Give the reservation's resources back (a no-op once released)."""
-    return reservation_transition(reservation=reservation, to=ReservationStatus.RELEASED, why=why)
+    with transaction.atomic():
+        released = reservation_transition(reservation=reservation, to=ReservationStatus.RELEASED, why=why)
+        if released:
+            _freed_notify(node_id=reservation.node_id)
+    return released
 
 
 def reservations_release(*, lease: Lease, why: str) -> int:
     """Release what a lease held, in the caller's transaction (the lease just ended)."""
-    return sum(
-        reservation_transition(reservation=r, to=ReservationStatus.RELEASED, why=why)
+    released: list[str] = [
+        r.node_id
         for r in Reservation.objects.filter(lease=lease, status__in=OPEN)
-    )
+        if reservation_transition(reservation=r, to=ReservationStatus.RELEASED, why=why)
+    ]
+    for node_id in sorted(set(released)):
+        _freed_notify(node_id=node_id)
+    return len(released)
 
 
 def _dead_leases_release(*, node: WorkerNode) -> int:
@@ -199,10 +285,13 @@ def _dead_leases_release(*, node: WorkerNode) -> int:
         Q(lease__status__in=[LeaseStatus.COMPLETED, LeaseStatus.RELEASED, LeaseStatus.EXPIRED])
         | Q(lease__status=LeaseStatus.ACTIVE, lease__expires_at__lte=timezone.now())
     )
-    return sum(
+    released = sum(
         reservation_transition(reservation=r, to=ReservationStatus.RELEASED, why="its lease is no longer live")
         for r in dead
     )
+    if released:
+        _freed_notify(node_id=node.pk)
+    return released
 
 
 def node_orphans_release(*, node_name: str) -> int:
@@ -218,5 +307,6 @@ def node_orphans_release(*, node_name: str) -> int:
                 why=f"its worker process {reservation.holder} is gone",
             )
     if released:
+        _freed_notify(node_id=node_name)
         logger.warning("released %d reservations of %s held by processes that are gone", released, node_name)
     return released

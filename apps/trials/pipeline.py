@@ -35,6 +35,7 @@ from apps.runs.leases import trial_claim, trial_complete, trial_mark_running
 from apps.runs.models import Lease, LeaseStatus, Reservation, Trial, TrialStatus, WorkerNode
 from apps.runs.settlement import TrialOutcome
 from apps.trials.admission import (
+    FreedWake,
     Need,
     NeverFits,
     admission_release,
@@ -55,6 +56,8 @@ from synth_sandbox.boundary import task_verifier_fresh
 
 logger = logging.getLogger(__name__)
 
+# The longest a waiting trial sleeps between admission tries: a freed reservation wakes it
+# at once (apps.trials.admission.FreedWake); the timeout notices a cancel or a lapsed lease.
 ADMISSION_POLL_SECONDS = 0.5
 
 
@@ -223,19 +226,29 @@ def _admit(*, held: HeldTrial, need: Need) -> None:
         ) from exc
     held.reservation = reservation
     waited_since = None
-    while not db_retry(write=lambda: admission_try(reservation=reservation), what=f"admission of {trial.id}"):
-        if waited_since is None:
-            waited_since = time.monotonic()
-            usage = db_retry(write=lambda: node_usage(node=node), what="node usage")
-            keeper.report(
-                {
-                    "type": "admission.waiting",
-                    "data": {"trial": trial.id, "node": node.name, "need": need.as_dict(), "usage": usage},
-                },
-            )
-        if keeper.should_stop:
-            break
-        time.sleep(ADMISSION_POLL_SECONDS)
+    wake: FreedWake | None = None
+    try:
+        while not db_retry(write=lambda: admission_try(reservation=reservation), what=f"admission of {trial.id}"):
+            first = wake is None
+            if first:
+                waited_since = time.monotonic()
+                usage = db_retry(write=lambda: node_usage(node=node), what="node usage")
+                keeper.report(
+                    {
+                        "type": "admission.waiting",
+                        "data": {"trial": trial.id, "node": node.name, "need": need.as_dict(), "usage": usage},
+                    },
+                )
+                # Listening from here on, the next try sees every release committed before it
+                # and the wait after it is ended by any release committed later.
+                wake = FreedWake(node_name=node.name)
+            if keeper.should_stop:
+                break
+            if not first and wake is not None:
+                wake.wait(timeout=ADMISSION_POLL_SECONDS)
+    finally:
+        if wake is not None:
+            wake.close()
     _still_held(held=held)
     if keeper.cancelled.is_set():
         raise TrialEnded(

@@ -192,3 +192,28 @@ def test_archive_extract_refuses_path_traversal(tmp_path: Path) -> None:
 def test_archive_extract_refuses_garbage(tmp_path: Path) -> None:
     with pytest.raises(TaskFormatError, match="not a readable tar or tar.gz file"):
         task_archives.archive_extract(io.BytesIO(b"not a tar at all" * 100), tmp_path)
+
+
+def _tasks_tar(tasks: int, files_per_task: int) -> io.BytesIO:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for t in range(tasks):
+            for f in range(files_per_task):
+                info = tarfile.TarInfo(f"task-{t}/file-{f}.txt")
+                info.size = 1
+                tar.addfile(info, io.BytesIO(b"x"))
+            info = tarfile.TarInfo(f"task-{t}/task.toml")
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    buf.seek(0)
+    return buf
+
+
+def test_archive_entry_limit_is_per_task(tmp_path: Path) -> None:
+    # 30 entries in all, over a limit of 10 for the archive: fine, since no task has more than 10.
+    root = task_archives.archive_extract(_tasks_tar(5, 5), tmp_path / "many", max_task_entries=10)
+    assert len(list(root.rglob("*.txt"))) == 25
+    with pytest.raises(TaskFormatError, match="more than 10 entries per task"):
+        task_archives.archive_extract(_tasks_tar(1, 12), tmp_path / "big", max_task_entries=10)
+    with pytest.raises(TaskFormatError, match="more than 20 entries"):
+        task_archives.archive_extract(_tasks_tar(5, 5), tmp_path / "ceiling", max_task_entries=10, max_members=20)

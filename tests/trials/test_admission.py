@@ -86,3 +86,53 @@ def test_requests_are_idempotent_per_trial(trials, node):
     a = admission_request(node=node, trial=trials[0], need=LIGHT)
     b = admission_request(node=node, trial=trials[0], need=LIGHT)
     assert a.pk == b.pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_waiting_trial_is_woken_by_a_release_committed_elsewhere(trials, node):
+    """The wake comes from the release's commit on another connection, not from a poll: the
+    wait's timeout is far longer than the test."""
+    import threading
+
+    from django.db import connection, connections, transaction
+
+    from apps.trials.admission import FreedWake
+
+    if connection.vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's; SQLite waits by polling")
+    reservations = [admission_request(node=node, trial=t, need=HEAVY) for t in trials[:3]]
+    assert [admission_try(reservation=r) for r in reservations] == [True, True, False]
+    released = threading.Event()
+
+    def release_elsewhere() -> None:
+        try:
+            with transaction.atomic():
+                admission_release(reservation=reservations[0])
+                released.set()  # inside the transaction: nothing is delivered before the commit
+        finally:
+            connections.close_all()
+
+    with FreedWake(node_name=node.name) as wake:
+        assert wake.wait(timeout=0.01) is False  # nothing freed yet
+        thread = threading.Thread(target=release_elsewhere)
+        thread.start()
+        assert wake.wait(timeout=300) is True
+        thread.join()
+    assert released.is_set()
+    assert admission_try(reservation=reservations[2]) is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_release_on_another_node_does_not_wake(trials, node):
+    from django.db import connection
+
+    from apps.trials.admission import FreedWake
+
+    if connection.vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
+    other = node_register(name="n2", budget=Budget(slots=4, cpus=8, memory_mb=4096, storage_mb=100_000))
+    reservation = admission_request(node=other, trial=trials[0], need=LIGHT)
+    assert admission_try(reservation=reservation) is True
+    with FreedWake(node_name=node.name) as wake:
+        admission_release(reservation=reservation)
+        assert wake.wait(timeout=0.5) is False
