@@ -23,7 +23,8 @@ def _log_in(browser, gateway) -> None:
     browser.find_element(By.NAME, "username").send_keys("operator")
     browser.find_element(By.NAME, "password").send_keys(PASSWORD)
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    WebDriverWait(browser, 20).until(ec.presence_of_element_located((By.ID, "site-name")))
+    # The login page has a #site-name too: wait for what only a signed-in page has.
+    WebDriverWait(browser, 20).until(ec.presence_of_element_located((By.ID, "user-tools")))
 
 
 def _style(browser, selector: str, prop: str) -> str:
