@@ -23,13 +23,18 @@ def _boot_id() -> str:
         return "noboot"
 
 
-def _start_ticks(*, pid: int) -> str | None:
+def _stat_fields(*, pid: int) -> list[str] | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # The command name (field 2) may hold spaces and parentheses: fields follow the last ")".
-    return stat.rsplit(")", 1)[1].split()[19]
+    return stat.rsplit(")", 1)[1].split()
+
+
+def _start_ticks(*, pid: int) -> str | None:
+    fields = _stat_fields(pid=pid)
+    return fields[19] if fields else None
 
 
 def process_identity() -> str:
@@ -48,4 +53,9 @@ def process_alive(*, identity: str) -> bool | None:
         return None  # another host's, or recorded where /proc could not tell a start time
     if boot != _boot_id() or not pid.isdigit():
         return False
-    return _start_ticks(pid=int(pid)) == start
+    fields = _stat_fields(pid=int(pid))
+    if fields is None or fields[19] != start:
+        return False
+    # A killed process whose parent died too may stay a zombie for good where the init process
+    # does not reap orphans (containers): it runs nothing and holds nothing, so it is gone.
+    return fields[0] not in ("Z", "X")

@@ -154,3 +154,22 @@ def test_process_identities():
     assert process_alive(identity=f"{host}/other-boot/{pid}/{start}") is False  # before a reboot
     assert process_alive(identity=f"elsewhere/{boot}/{pid}/{start}") is None
     assert process_alive(identity="not an identity") is None
+
+
+def test_a_zombie_holder_is_gone():
+    # A killed worker's pool process whose parent died too can stay a zombie where the init
+    # process reaps no orphans: it holds nothing, so its reservations must be released.
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import os; print(open('/proc/self/stat').read())"], stdout=subprocess.PIPE
+    )
+    stat = child.stdout.read().decode()
+    start = stat.rsplit(")", 1)[1].split()[19]
+    host, boot, _, _ = process_identity().split("/")
+    identity = f"{host}/{boot}/{child.pid}/{start}"
+    # Not waited for yet: once it has exited, /proc shows it as a zombie with the same start time.
+    while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        pass
+    try:
+        assert process_alive(identity=identity) is False
+    finally:
+        child.wait()
