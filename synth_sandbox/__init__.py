@@ -21,3 +21,8 @@ from __future__ import annotations
 ENVIRONMENT_IMPORT_PATH = "synth_sandbox.environment:LocalSandboxEnvironment"
 # Where the sandbox lived before it became its own package: specs stored then name it so.
 MOVED_IMPORT_PATHS = {"apps.runs.sandbox.environment:LocalSandboxEnvironment": ENVIRONMENT_IMPORT_PATH}
+
+
+def environment_path_current(path: str) -> str:
+    """An environment import path as it is today (a stored spec may name where a class was)."""
+    return MOVED_IMPORT_PATHS.get(path, path)

@@ -223,8 +223,8 @@ def plan_uses_local_sandbox(*, plan: dict[str, Any]) -> bool:
     "local" with the local sandbox as the deployment's default, or the sandbox's import path)."""
     from django.conf import settings
 
-    from synth_sandbox import ENVIRONMENT_IMPORT_PATH, MOVED_IMPORT_PATHS
+    from synth_sandbox import ENVIRONMENT_IMPORT_PATH, environment_path_current
 
     name = plan.get("environment") or "local"
     name = settings.SYNTH_DEFAULT_ENVIRONMENT if name == "local" else name
-    return MOVED_IMPORT_PATHS.get(name, name) == ENVIRONMENT_IMPORT_PATH
+    return environment_path_current(name) == ENVIRONMENT_IMPORT_PATH

@@ -93,12 +93,12 @@ def model_route_get(*, name: str) -> Any:
 
 def environment_import_path(*, plan: dict[str, Any]) -> str | None:
     """The Harbor environment class a plan runs in (None for a named provider: docker, modal ...)."""
-    from synth_sandbox import MOVED_IMPORT_PATHS
+    from synth_sandbox import environment_path_current
 
     name = plan.get("environment") or "local"
     if name == "local":
         name = settings.SYNTH_DEFAULT_ENVIRONMENT
-    return MOVED_IMPORT_PATHS.get(name, name) if ":" in name else None
+    return environment_path_current(name) if ":" in name else None
 
 
 def environment_has_model_bridge(*, plan: dict[str, Any]) -> bool:
