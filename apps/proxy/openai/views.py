@@ -8,9 +8,12 @@ any other path of OpenAI's API families (chat/, responses, completions, embeddin
 from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from apps.proxy.errors import new_request_id
+from apps.proxy.exchange import model_call
+from apps.proxy.openai.chat import CHAT
 from apps.proxy.openai.errors import error_response, url_not_found
 
 # The first segments of OpenAI's API paths: under these, an unknown path answers in
@@ -34,6 +37,11 @@ API_FAMILIES = (
     "vector_stores",
 )
 API_FAMILIES_PATTERN = r"^(?P<path>(?:" + "|".join(API_FAMILIES) + r")(?:/.*)?)$"
+
+
+@csrf_exempt
+async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
+    return await model_call(request, protocol=CHAT)
 
 
 @csrf_exempt
