@@ -68,6 +68,7 @@ _SAFE_HEADERS = {
     "x-openai-subagent",
     "x-codex-window-id",
     "x-codex-installation-id",
+    "x-synth-trial",
 }
 
 
@@ -172,8 +173,9 @@ def response_events(*, body: dict[str, Any], number: int) -> list[dict[str, Any]
 
 
 class Recorder:
-    def __init__(self, *, out: Path) -> None:
+    def __init__(self, *, out: Path, credential: str = CREDENTIAL) -> None:
         self.out = out
+        self.credential = credential
         self.lock = threading.Lock()
         self.count = 0
         self.responses = 0
@@ -195,7 +197,7 @@ class Recorder:
         }
         if "authorization" in headers:
             scheme, _, token = headers["authorization"].partition(" ")
-            kept["authorization"] = f"{scheme} <{'the env_key credential' if token == CREDENTIAL else 'other'}>"
+            kept["authorization"] = f"{scheme} <{'the env_key credential' if token == self.credential else 'other'}>"
         safe = path.replace("/", "_").strip("_") or "root"
         record = {"number": number, "method": method, "path": path, "headers": kept, "body": parsed}
         (self.out / f"{number:02d}-{method}-{safe}.json").write_text(json.dumps(record, indent=2) + "\n")
