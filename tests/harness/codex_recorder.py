@@ -29,6 +29,7 @@ import gzip
 import json
 import os
 import shutil
+import socketserver
 import subprocess
 import sys
 import tempfile
@@ -204,7 +205,14 @@ class Recorder:
         return number, parsed
 
 
-def serve(*, port: int, recorder: Recorder) -> ThreadingHTTPServer:
+class _UnixHTTPServer(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+
+
+def serve(*, port: int = 0, recorder: Recorder, uds: Path | None = None) -> socketserver.BaseServer:
+    """The recording server on 127.0.0.1:``port`` (0: any free port), or on the Unix socket
+    ``uds`` (where a sandbox's model bridge forwards to), in a background thread."""
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -240,7 +248,11 @@ def serve(*, port: int, recorder: Recorder) -> ThreadingHTTPServer:
         def log_message(self, format: str, *args: Any) -> None:
             return
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server: socketserver.BaseServer
+    if uds is not None:
+        server = _UnixHTTPServer(str(uds), Handler)
+    else:
+        server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
