@@ -273,7 +273,9 @@ async def message_prepare(*, ctx: CallContext, request: dict[str, Any]) -> Prepa
     route = ctx.route
     # Claude Code sends max_tokens 32000 for models it does not know; the route's limit
     # applies instead of refusing (recorded in the capture as sampling.max_tokens).
-    max_tokens = min(request["max_tokens"], route.max_output)
+    # None (OpenAI's protocols, max_tokens absent): as many as the route allows.
+    requested = request["max_tokens"]
+    max_tokens = route.max_output if requested is None else min(requested, route.max_output)
     started = time.perf_counter()
     adapter = await pool.run_cpu(adapter_get, route=route)
     fitted, reused = await pool.run_cpu(_prepare_sync, ctx=ctx, request=request, adapter=adapter, max_tokens=max_tokens)
