@@ -14,6 +14,7 @@ answered as a 500 in the protocol's shape, never Django's HTML page.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import weakref
@@ -47,6 +48,8 @@ from apps.proxy.protocol import Protocol, StreamWriter
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 32 * 1024 * 1024  # Anthropic's limit for Messages and count_tokens
+
+SESSION_KEY_MAX = 200  # characters of a session key named in a request body
 
 # Deeper than any tool schema or tool input; the adapters' templates and encoders recurse.
 MAX_JSON_DEPTH = 128
@@ -173,6 +176,8 @@ async def model_call(request: HttpRequest, *, protocol: Protocol) -> HttpRespons
         ctx = await context_build(
             request, caller=caller, model=body["model"], request_id=request_id, protocol=protocol.name
         )
+        if session := protocol.session_key(body):
+            ctx = dataclasses.replace(ctx, session_id=session[:SESSION_KEY_MAX])
         ticket = pool.generation_reserve(caller=caller.key, route=ctx.route.name)
         prepared = await calls.message_prepare(ctx=ctx, request=body)
     except BaseException as exc:  # noqa: BLE001 - every failure answers in the protocol's shape

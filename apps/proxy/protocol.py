@@ -68,6 +68,11 @@ class Protocol(ABC):
     def parse(self, body: Any) -> dict[str, Any]:
         """A decoded request body -> the validated internal request (InvalidRequest if bad)."""
 
+    def session_key(self, request: dict[str, Any]) -> str:
+        """The session the request names in its body ("": the correlation headers decide);
+        it keys the prefix cache and the compact staging of prompt ids."""
+        return ""
+
     def response_id(self) -> str:
         return new_id(self.response_prefix)
 

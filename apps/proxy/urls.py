@@ -9,6 +9,7 @@ from apps.proxy.openai import views as openai_views
 urlpatterns = [
     path("messages", views.messages_view, name="v1-messages"),
     path("messages/count_tokens", views.count_tokens_view, name="v1-count-tokens"),
+    path("responses", openai_views.responses_view, name="v1-responses"),
     path("models", views.models_view, name="v1-models"),
     path("models/<path:model_id>", views.model_detail_view, name="v1-model-detail"),
     path("chat/completions", openai_views.chat_completions_view, name="v1-chat-completions"),
