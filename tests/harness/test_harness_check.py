@@ -169,6 +169,13 @@ def test_bad_input_is_one_line_and_exit_2(settings, tmp_path):
         call_command("harness_check", "claude-code", stderr=err)
     assert exit_.value.code == 2
     assert len(err.getvalue().strip().splitlines()) == 1 and "is not installed" in err.getvalue()
+    fake = tmp_path / "claude"
+    fake.write_text("#!/bin/sh\necho 2.1.0\n")
+    settings.SYNTH_CLAUDE_CODE_BIN = str(fake)
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as exit_:
+        call_command("harness_check", "claude-code", stderr=err)
+    assert exit_.value.code == 2 and "is not a native executable" in err.getvalue()
     with pytest.raises(SystemExit):
         call_command("harness_check", "command", stderr=io.StringIO())
     assert HarnessCheck.objects.count() == 0

@@ -167,7 +167,6 @@ def _attempt(
 
     from apps.trials.model_access import (
         ModelAccess,
-        claude_code_check,
         environment_import_path,
         sandbox_model_options,
         staged_for_sandbox,
@@ -184,10 +183,7 @@ def _attempt(
     from synth_sandbox.boundary import trial_boundary_install
     from synth_sandbox.support import task_workdir
 
-    claude = None
-    if identity.engine == "claude-code":
-        claude_code_check(path=identity.path)
-        claude = staged_for_sandbox(path=identity.path)
+    claude = staged_for_sandbox(path=identity.path) if identity.engine == "claude-code" else None
     org = org_get_or_create(slug=CHECK_ORG, name="Harness checks")
     cred, secret = model_credential_issue(
         org=org,
@@ -307,6 +303,13 @@ def harness_check_run(*, engine: str, env: Mapping[str, str] | None = None) -> H
         identity = harness_identity(engine=engine)
     except HarnessUnavailable as exc:
         raise HarnessCheckError(str(exc)) from None
+    if identity.engine == "claude-code":
+        from apps.trials.model_access import ModelAccessError, claude_code_check
+
+        try:
+            claude_code_check(path=identity.path)  # what a trials host requires to bind it
+        except ModelAccessError as exc:
+            raise HarnessCheckError(exc.message) from None
     try:
         adapter_for(script.FAMILY)
     except TokenizerNotProvisioned as exc:
