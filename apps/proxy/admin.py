@@ -11,7 +11,7 @@ from apps.accounts.models import ModelCredential
 from apps.core.admin_utils import ReadOnlyAdmin
 from apps.core.errors import ValidationFailed
 from apps.proxy.admin_selectors import interaction_decode
-from apps.proxy.models import Interaction, ModelRoute
+from apps.proxy.models import HarnessCheck, Interaction, ModelRoute
 from apps.proxy.routes import route_family_check
 
 
@@ -78,6 +78,15 @@ class InteractionAdmin(ReadOnlyAdmin):
 
     def get_queryset(self, request: HttpRequest) -> Any:
         return super().get_queryset(request).select_related("org", "route").defer("payload", "prompt_ids_packed")
+
+
+@admin.register(HarnessCheck)
+class HarnessCheckAdmin(ReadOnlyAdmin):
+    """Checks of harness builds (manage.py harness_check): recorded by the command only."""
+
+    list_display = ["id", "engine", "harness_version", "digest", "family", "passed", "created_at"]
+    list_filter = ["engine", "passed"]
+    search_fields = ["id", "digest"]
 
 
 # Model credentials live in accounts (accounts must not depend on the proxy); they are

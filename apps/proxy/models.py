@@ -150,3 +150,29 @@ class Interaction(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+class HarnessCheck(models.Model):
+    """One conformance check of a harness build against this proxy (``manage.py harness_check``).
+
+    A harness build is the executable (or agent file) the trials hosts actually run,
+    identified by its sha256 (``digest``): a train run refuses an engine whose installed
+    build has no passing check (apps.trials.harness_check). Platform-wide like routes, not
+    per organization: the build is a property of the installation.
+    """
+
+    id = PrefixedIdField(prefix="hck")
+    engine = models.CharField(max_length=50)
+    harness_version = models.CharField(max_length=100, blank=True)
+    digest = models.CharField(max_length=64, help_text="sha256 of the harness executable or file that was run")
+    family = models.CharField(max_length=50, help_text="the chat adapter family it was checked against")
+    passed = models.BooleanField(default=False)
+    report = models.JSONField(default=dict, blank=True, help_text="request shapes, per-call checks, failures")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["engine", "digest", "passed"])]
+
+    def __str__(self) -> str:
+        return f"{self.engine} {self.harness_version} {'passed' if self.passed else 'failed'}"

@@ -260,11 +260,10 @@ def _whole(row: Interaction, *, links: int) -> bytes:
 def _rerendered(interaction: Interaction, payload: dict[str, Any]) -> bytes:
     """The prompt re-rendered from the captured effective request, accepted only if it
     is the staged one (its sha256)."""
-    from apps.proxy.adapters.registry import adapter_for
+    from apps.proxy.fidelity import payload_render_ids
 
     try:
-        adapter = adapter_for(payload["route"]["family"])
-        ids = list(adapter.render(request=json.loads(payload["request_json"])).token_ids)
+        ids = payload_render_ids(payload=payload)
     except Exception as exc:  # noqa: BLE001 - no tokenizer here, an unknown family, ...
         raise PromptUnrecoverable(f"{interaction.id}: could not re-render its request: {exc}") from exc
     packed = pack(ids)

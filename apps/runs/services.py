@@ -138,6 +138,31 @@ def _trainable_check(*, binding: dict[str, Any]) -> None:
         raise ValidationFailed(f"model route {name!r} is not trainable", field="actor.model.route")
 
 
+def _harness_checked(*, recipe: dict[str, Any]) -> None:
+    """A train run learns from what its harness sends: an engine whose harness must be
+    checked (apps.trials.harness_check.identity) needs a passing check of the build this
+    installation runs, refused at submission with the command that checks it."""
+    from apps.proxy.models import HarnessCheck  # lazy, as above
+    from apps.trials.harness_check.identity import REQUIRED_FOR_TRAINING, HarnessUnavailable, harness_identity
+
+    engine = (recipe.get("engine") or {}).get("name")
+    if engine not in REQUIRED_FOR_TRAINING:
+        return
+    how = f"run `manage.py harness_check {engine}` on this installation"
+    try:
+        identity = harness_identity(engine=engine)
+    except HarnessUnavailable as exc:
+        raise ValidationFailed(
+            f"a train run on engine {engine} needs its harness checked: {exc}; then {how}", field="actor.engine"
+        ) from None
+    if not HarnessCheck.objects.filter(engine=engine, digest=identity.digest, passed=True).exists():
+        raise ValidationFailed(
+            f"the installed {engine} harness ({identity.version or 'unknown version'}, sha256 {identity.digest[:16]}) "
+            f"has no passing harness check; {how}",
+            field="actor.engine",
+        )
+
+
 def _regrade_source_check(*, org: Organization, source_id: str, judge: ProfileVersion | None) -> None:
     if judge is None:
         raise ValidationFailed("a regrade needs a judge", field="judge")
@@ -214,6 +239,7 @@ def run_submit(
     model_binding = model_binding_resolve(org=org, binding=recipe.get("model") or {})
     if request["kind"] == RunKind.TRAIN:
         _trainable_check(binding=model_binding)
+        _harness_checked(recipe=recipe)
     # The judge's weights are pinned too (a checkpoint judge is resolved now, not per trial).
     judge_binding = None
     if judge is not None:

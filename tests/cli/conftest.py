@@ -12,6 +12,7 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from synth_cli.main import app
+from tests.harness.conftest import tokenizer_dir  # noqa: F401 - a fixture (the harness check of a train run)
 
 EXAMPLE_RECIPE = {
     "model": {"route": "qwen3-8b"},

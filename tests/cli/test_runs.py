@@ -13,6 +13,7 @@ from apps.runs.services import event_append, run_cancel
 from synth_cli import events as synth_events
 from tests.cli.conftest import one_line
 from tests.factories import make_dataset_version
+from tests.harness.conftest import harness_checked
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,7 +67,8 @@ def test_start_is_idempotent_and_runs_can_be_shown_listed_and_cancelled(synth, d
     assert [json.loads(line)["type"] for line in events.stdout.splitlines()] == ["run.created", "run.cancelled"]
 
 
-def test_start_with_a_published_profile_and_train(synth, dataset, recipe_file):
+@pytest.mark.slow
+def test_start_with_a_published_profile_and_train(synth, dataset, recipe_file, tmp_path, tokenizer_dir, settings):
     from apps.proxy.models import ModelRoute
     from apps.proxy.routes import DEFAULT_ROUTE, route_upsert
 
@@ -84,6 +86,11 @@ def test_start_with_a_published_profile_and_train(synth, dataset, recipe_file):
     refused = synth("train", "start", "--dataset", dataset, "--actor", "coder@1", "--plan", f"@{plan}")
     assert "is not trainable" in refused.stderr
     ModelRoute.objects.filter(name="qwen3-8b").update(trainable=True)
+    # The profile's engine is claude-code: the installed build must have passed harness_check.
+    refused = synth("train", "start", "--dataset", dataset, "--actor", "coder@1", "--plan", f"@{plan}")
+    assert refused.exit_code == 1 and "run `manage.py harness_check claude-code`" in refused.stderr, refused.stderr
+    check = harness_checked(engine="claude-code", tmp=tmp_path, tokenizer_dir=tokenizer_dir, settings=settings)
+    assert check.passed, check.report["failures"]
     train = synth.json("train", "start", "--dataset", dataset, "--actor", "coder@1", "--plan", f"@{plan}")
     assert train["kind"] == "train"
 

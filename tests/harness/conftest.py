@@ -9,9 +9,11 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from apps.proxy.models import HarnessCheck
 from apps.trials.model_access import proxy_listening
 from tests.trials.conftest import ROOT, Stack, stack  # noqa: F401 - the stack fixture, shared
 
@@ -55,3 +57,12 @@ def proxy_socket() -> Iterator[Path]:
     yield directory / "proxy.sock"
     (directory / "proxy.sock").unlink(missing_ok=True)
     directory.rmdir()
+
+
+def harness_checked(*, engine: str, tmp: Path, tokenizer_dir: Path, settings: Any) -> HarnessCheck:
+    """Run `harness_check ENGINE` for real against the test database (the check's proxy
+    process gets the same environment as the stack's workers). Needs a transactional test."""
+    from apps.trials.harness_check.service import harness_check_run
+
+    settings.SYNTH_TOKENIZER_DIR = tokenizer_dir
+    return harness_check_run(engine=engine, env=Stack(tmp).env)

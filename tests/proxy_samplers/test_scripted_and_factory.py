@@ -120,3 +120,26 @@ def test_factory_rejects_bad_configs() -> None:
         sampler_build(backend="openai", config={"base_url": "http://x"})
     with pytest.raises(ValueError):
         sampler_build(backend="tinker", config={})
+
+
+def test_a_route_names_a_registered_script_only() -> None:
+    from apps.proxy.samplers import harness_script
+
+    sampler = sampler_build(backend="scripted", config={"script": "harness-check"})
+    assert isinstance(sampler, ScriptedSampler) and sampler._choose is harness_script.choose
+    with pytest.raises(ValueError, match="unknown scripted sampler script 'os:system'"):
+        sampler_build(backend="scripted", config={"script": "os:system"})
+    with pytest.raises(ValueError, match="script or choose, not both"):
+        sampler_build(backend="scripted", config={"script": "harness-check", "choose": harness_script.choose})
+
+
+def test_the_harness_check_script_calls_whichever_shell_tool_is_offered() -> None:
+    from apps.proxy.samplers import harness_script as script
+
+    task = script.instruction()
+    claude = script.reply(f'<tools>\n{{"name": "Bash"}}\n</tools>{task}')
+    assert '"name": "Bash"' in claude and '"description"' in claude and claude.endswith(script.END)
+    mini = script.reply(f'<tools>\n{{"name": "bash"}}\n</tools>{task}')
+    assert '{"name": "bash", "arguments": {"command": "echo conformant > harness-check.txt"}}' in mini
+    assert script.reply(f"{task}<tool_response>\nok\n</tool_response>").endswith(script.FINAL_TEXT + script.END)
+    assert script.reply("a title request") == script.OTHER_TEXT + script.END

@@ -6,6 +6,7 @@
     sampler_build(backend="openai", config={"base_url": "http://vllm:8000", "model": "m",
                                             "api_key_env": "VLLM_API_KEY"})
     sampler_build(backend="scripted", config={"sequences": [[1, 2, 3]]})
+    sampler_build(backend="scripted", config={"script": "harness-check"})   # a named chooser
     sampler_build(backend="instant", config={"token_ids": [1, 2]})
 
 The same (backend, config) returns the same instance for the life of the process, so a model
@@ -47,7 +48,7 @@ _ALLOWED_KEYS: dict[str, set[str]] = {
     "local": {"family", "tiny", "seed", "model_dir", "adapter_dir", "device", "dtype"},
     "tinker": {"base_model", "model_path", "api_key_env", "timeout"},
     "openai": {"base_url", "model", "api_key_env", "timeout", "connect_timeout", "extra_body"},
-    "scripted": {"sequences", "choose", "cycle"},
+    "scripted": {"sequences", "choose", "script", "cycle"},
     "instant": {"token_ids"},
 }
 
@@ -116,11 +117,14 @@ def _create(backend: str, config: dict[str, Any]) -> Sampler:
             extra_body=config.get("extra_body"),
         )
     if backend == "scripted":
-        from apps.proxy.samplers.scripted import ScriptedSampler
+        from apps.proxy.samplers.scripted import ScriptedSampler, script_chooser
 
-        return ScriptedSampler(
-            sequences=config.get("sequences"), choose=config.get("choose"), cycle=bool(config.get("cycle", False))
-        )
+        choose = config.get("choose")
+        if "script" in config:
+            if choose is not None:
+                raise ValueError("scripted config: give script or choose, not both")
+            choose = script_chooser(name=config["script"])
+        return ScriptedSampler(sequences=config.get("sequences"), choose=choose, cycle=bool(config.get("cycle", False)))
     from apps.proxy.samplers.scripted import InstantSampler
 
     return InstantSampler(token_ids=config.get("token_ids", ()))

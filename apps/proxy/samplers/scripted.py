@@ -3,6 +3,9 @@
 * ``ScriptedSampler`` emits given token-id sequences, one per call in order or chosen by a
   callable of the prompt ids, each with logprob 0.0. The proxy's Claude Code harness test
   uses it to emit a family's native tool-call tokens without a model.
+  A route names a chooser of the platform's by ``{"script": NAME}`` (:data:`SCRIPTS`): a
+  route's config is JSON and the proxy is its own process, so the callable is looked up by
+  name there; only the listed ones, never an arbitrary import path.
 * ``InstantSampler`` returns the same short completion immediately, for load benchmarks of
   everything around the model.
 
@@ -19,6 +22,19 @@ from apps.proxy.samplers.base import Sampler, SampleRequest, SampleResult
 from apps.proxy.samplers.factory import SamplerError
 
 Chooser = Callable[[list[int]], Sequence[int]]
+
+# Named choosers a scripted route may use: name -> "module:function".
+SCRIPTS = {"harness-check": "apps.proxy.samplers.harness_script:choose"}
+
+
+def script_chooser(*, name: str) -> Chooser:
+    """The chooser registered as ``name`` (ValueError for any other)."""
+    from django.utils.module_loading import import_string
+
+    path = SCRIPTS.get(name) if isinstance(name, str) else None
+    if path is None:
+        raise ValueError(f"unknown scripted sampler script {name!r}; known: {sorted(SCRIPTS)}")
+    return import_string(path.replace(":", "."))
 
 
 def _truncate(token_ids: Sequence[int], request: SampleRequest) -> tuple[list[int], str]:
