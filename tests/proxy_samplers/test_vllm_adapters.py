@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tinker import types
 
 from apps.objects.packages import dir_pack, snapshot_ref
 from apps.objects.services import object_put
@@ -31,12 +30,9 @@ from apps.proxy.samplers.factory import (
 from apps.proxy.samplers.local import LocalTorchSampler
 from apps.proxy.samplers.openai_compat import OpenAICompatibleSampler
 from apps.proxy.samplers.vllm_lora import AdapterSampler, lora_name_for
-from apps.training.backends.local import LocalServiceClient, path_dir
-from apps.training.datums import Call, datums_to_tinker, trajectory_datums
+from tests.proxy_samplers.checkpoints import SPEC, trained_adapter_save, with_adapter
 from tests.proxy_samplers.conftest import PROMPT
 from tests.proxy_samplers.vllm_like_server import CompletionsApp, ServerThread
-
-SPEC = {"tiny": True, "family": "qwen3", "seed": 0}
 
 
 def req(**kw: object) -> SampleRequest:
@@ -45,26 +41,9 @@ def req(**kw: object) -> SampleRequest:
     return SampleRequest(**base)  # type: ignore[arg-type]
 
 
-def with_adapter(path: str) -> LocalTorchSampler:
-    """How the test server loads an adapter: PEFT onto the same tiny base model."""
-    return LocalTorchSampler.tiny(family="qwen3", seed=0, adapter_dir=path)
-
-
 @pytest.fixture(scope="module")
 def trained_adapter(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A checkpoint as the local training backend saves it, after one update (a fresh LoRA
-    has zero B matrices and would sample exactly the base model)."""
-    root = tmp_path_factory.mktemp("training")
-    client = LocalServiceClient(spec=SPEC, root=root).create_lora_training_client("tiny", rank=4, seed=0).result()
-    base = LocalTorchSampler.tiny(family="qwen3", seed=0)
-    out = base.sample_blocking(SampleRequest(prompt_ids=PROMPT, max_tokens=6, stop_token_ids=[], seed=3))
-    call = Call(prompt_ids=PROMPT, output_ids=out.token_ids, logprobs=out.logprobs)
-    datums = datums_to_tinker(trajectory_datums(trial_id="t", calls=[call], advantage=1.0))
-    client.forward_backward(datums, "importance_sampling").result()
-    client.optim_step(types.AdamParams(learning_rate=0.05, beta1=0.9, beta2=0.95, eps=1e-8)).result()
-    path = path_dir(client.save_weights_for_sampler("000001").result().path)
-    client.close()
-    return path
+    return trained_adapter_save(root=tmp_path_factory.mktemp("training"), prompt=PROMPT)
 
 
 @pytest.fixture
