@@ -73,6 +73,8 @@ _ALLOWED_KEYS: dict[str, set[str]] = {
         "adapter_max_loaded",
         "lora_name",
         "lora_path",
+        # The same weights for the local training backend (apps.training.backends.local_base_spec).
+        "train_base",
     },
     "scripted": {"sequences", "choose", "cycle"},
     "instant": {"token_ids"},
