@@ -424,6 +424,12 @@ SYNTH_PROXY_PREFIX_CACHE_ENTRIES = env_int("SYNTH_PROXY_PREFIX_CACHE_ENTRIES", 5
 SYNTH_PROXY_PREFIX_CACHE_BYTES = env_int("SYNTH_PROXY_PREFIX_CACHE_BYTES", 256 * 1024 * 1024, minimum=0)
 # Samplers with a LoRA adapter (one per checkpoint) kept loaded, most recently used first.
 SYNTH_PROXY_MAX_ADAPTER_SAMPLERS = env_int("SYNTH_PROXY_MAX_ADAPTER_SAMPLERS", 4, minimum=0)
+# Checkpoints' LoRA adapters loaded into a vLLM server (openai routes) by one proxy process:
+# unloaded after this many idle seconds, and the least recently used idle ones beyond this
+# count unloaded before another is loaded. A route's sampler_config may set its own
+# (adapter_idle_seconds, adapter_max_loaded).
+SYNTH_PROXY_LORA_IDLE_SECONDS = env_float("SYNTH_PROXY_LORA_IDLE_SECONDS", 600.0, minimum=0.0)
+SYNTH_PROXY_LORA_MAX_LOADED = env_int("SYNTH_PROXY_LORA_MAX_LOADED", 8, minimum=1)
 # Model weights packages (checkpoints' LoRA adapters) unpacked from the object store, by digest.
 SYNTH_WEIGHTS_CACHE_DIR = Path(os.environ.get("SYNTH_WEIGHTS_CACHE_DIR") or VAR_DIR / "weights")
 # Unpacked packages kept there (most recently used; idle ones beyond this are removed).

@@ -54,13 +54,15 @@ def snapshot_sha256(snapshot: str) -> str | None:
     return digest
 
 
-def package_materialize(*, sha256: str, cache_dir: Path, keep: int | None = None) -> Path:
+def package_materialize(
+    *, sha256: str, cache_dir: Path, keep: int | None = None, prune_idle_seconds: float = 600.0
+) -> Path:
     """The directory holding the package ``sha256``, unpacked once into ``cache_dir/<sha256>``.
 
     The bytes are checked against the digest before anything is written; the unpacked tree
     appears atomically (a rename), so concurrent callers and crashes never see half of it.
     With ``keep``, the cache is then pruned to the ``keep`` most recently used packages
-    (see ``cache_prune``).
+    (see ``cache_prune``; ``prune_idle_seconds`` is its ``idle_seconds``).
     """
     target = Path(cache_dir) / sha256
     if (target / _COMPLETE).is_file():
@@ -85,7 +87,7 @@ def package_materialize(*, sha256: str, cache_dir: Path, keep: int | None = None
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     if keep is not None:
-        cache_prune(cache_dir=Path(cache_dir), keep=keep)
+        cache_prune(cache_dir=Path(cache_dir), keep=keep, idle_seconds=prune_idle_seconds)
     return target
 
 

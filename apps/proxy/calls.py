@@ -153,7 +153,9 @@ def sampler_config(*, route: ModelRoute, snapshot: str) -> dict[str, Any]:
     "" or "base" is the route as configured. Otherwise the snapshot names weights for the
     backend: a Tinker sampler path (``tinker://...``, as model_path), or a LoRA adapter for
     a local route: a training run's package in the object store (``object:sha256:<hex>``,
-    unpacked once into SYNTH_WEIGHTS_CACHE_DIR) or a directory. Other backends serve only
+    unpacked once into SYNTH_WEIGHTS_CACHE_DIR) or a directory. An openai (vLLM) route
+    with an ``adapter_root`` serves such a package too: unpacked there by digest, then
+    loaded into the server (apps.proxy.samplers.vllm_lora). Other backends serve only
     their configured snapshot. May read the object store: call it off the event loop.
     """
     from apps.objects.packages import package_materialize, snapshot_sha256
@@ -163,6 +165,8 @@ def sampler_config(*, route: ModelRoute, snapshot: str) -> dict[str, Any]:
         return config
     if route.sampler_backend == "tinker" and snapshot.startswith("tinker://"):
         return {**config, "model_path": snapshot}
+    if route.sampler_backend == "openai" and snapshot.startswith("object:"):
+        return _openai_adapter_config(route=route, config=config, snapshot=snapshot)
     if route.sampler_backend == "local":
         try:
             digest = snapshot_sha256(snapshot)
@@ -176,6 +180,40 @@ def sampler_config(*, route: ModelRoute, snapshot: str) -> dict[str, Any]:
         if snapshot.startswith("/"):
             return {**config, "adapter_dir": snapshot}
     raise ApiError(f"model route {route.name!r} ({route.sampler_backend}) cannot serve snapshot {snapshot!r}")
+
+
+def _openai_adapter_config(*, route: ModelRoute, config: dict[str, Any], snapshot: str) -> dict[str, Any]:
+    """The package unpacked into the route's ``adapter_root`` (atomically, by digest) and
+    the names the server knows it by: the adapter's name and its directory as the server
+    sees it (``adapter_server_root``, when it mounts the directory elsewhere)."""
+    from apps.objects.packages import package_materialize, snapshot_sha256
+    from apps.proxy.samplers.vllm_lora import lora_name_for
+
+    try:
+        digest = snapshot_sha256(snapshot)
+    except ValueError as exc:
+        raise ApiError(str(exc)) from exc
+    root = config.get("adapter_root")
+    if digest is None or not root:
+        raise ApiError(
+            f"model route {route.name!r} (openai) cannot serve snapshot {snapshot!r}: its sampler_config needs "
+            "adapter_root, a directory the vLLM server reads, to load checkpoints into it"
+        )
+    idle = float(config.get("adapter_idle_seconds", settings.SYNTH_PROXY_LORA_IDLE_SECONDS))
+    # An unpacked adapter stays while the server may still read it (vLLM re-reads the files
+    # of an adapter it evicted from its own cache): well past the idle time that unloads it.
+    package_materialize(
+        sha256=digest,
+        cache_dir=Path(root),
+        keep=settings.SYNTH_WEIGHTS_CACHE_KEEP,
+        prune_idle_seconds=max(600.0, 2 * idle),
+    )
+    server_root = config.get("adapter_server_root") or root
+    return {
+        **config,
+        "lora_name": lora_name_for(sha256=digest),
+        "lora_path": f"{str(server_root).rstrip('/')}/{digest}",
+    }
 
 
 def _sampler_for(route: ModelRoute, snapshot: str) -> Sampler:
@@ -378,7 +416,7 @@ def _parse_sync(
 
 async def message_sample(*, prepared: Prepared, ticket: pool.Ticket) -> Completion:
     """Wait for a generation slot, sample, parse. Sampler failures become ProxyErrors."""
-    from apps.proxy.samplers.factory import SamplerError, SamplerUnavailable
+    from apps.proxy.samplers.factory import AdapterLoadFailed, SamplerError, SamplerUnavailable
 
     ctx = prepared.ctx
     request = prepared.request
@@ -400,6 +438,9 @@ async def message_sample(*, prepared: Prepared, ticket: pool.Ticket) -> Completi
         except SamplerUnavailable as exc:
             retry = {"retry-after": str(int(exc.retry_after))} if exc.retry_after else None
             raise Overloaded(f"the model backend is unavailable: {exc}", headers=retry) from exc
+        except AdapterLoadFailed as exc:
+            logger.error("model route %s cannot load snapshot %s: %s", ctx.route.name, ctx.snapshot, exc)
+            raise ApiError(f"model route {ctx.route.name!r} cannot load snapshot {ctx.snapshot!r}: {exc}") from exc
         except SamplerError as exc:
             raise ApiError(f"the model backend failed: {exc}") from exc
         sample_ms = (time.perf_counter() - started) * 1000

@@ -106,6 +106,22 @@ def test_the_tinker_backend_without_an_api_key_is_a_clear_failure(alice, monkeyp
     assert run.status == RunStatus.FAILED and "needs an API key in $TINKER_API_KEY" in run.error
 
 
+def test_the_local_backend_trains_a_vllm_route_only_with_its_train_base(alice, tmp_path):
+    from apps.training.backends import local_base_spec
+
+    vllm = {"base_url": "http://127.0.0.1:1", "model": "tiny", "adapter_root": str(tmp_path)}
+    run = _train_run(alice)
+    ModelRoute.objects.filter(name="qwen3-8b").update(sampler_backend="openai", sampler_config=vllm)
+    training_start(run_id=run.id)
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED and "is served by 'openai' without train_base" in run.error
+    # With it, the local backend trains the weights the server serves.
+    route = ModelRoute(
+        name="v", sampler_backend="openai", sampler_config={**vllm, "train_base": DEFAULT_ROUTE["sampler_config"]}
+    )
+    assert local_base_spec(route=route) == DEFAULT_ROUTE["sampler_config"]
+
+
 def test_cancelling_between_batches_ends_the_run_and_the_learner(alice):
     run = _train_run(alice)
     training_start(run_id=run.id)

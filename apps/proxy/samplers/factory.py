@@ -5,6 +5,7 @@
     sampler_build(backend="tinker", config={"base_model": "Qwen/Qwen3-8B"})      # or model_path
     sampler_build(backend="openai", config={"base_url": "http://vllm:8000", "model": "m",
                                             "api_key_env": "VLLM_API_KEY"})
+    sampler_build(backend="openai", config={..., "lora_name": "synth-<sha256>", "lora_path": "/a/<sha256>"})
     sampler_build(backend="scripted", config={"sequences": [[1, 2, 3]]})
     sampler_build(backend="scripted", config={"script": "harness-check"})   # a named chooser
     sampler_build(backend="instant", config={"token_ids": [1, 2]})
@@ -42,12 +43,40 @@ class SamplerUnavailable(SamplerError):
         self.retry_after = retry_after
 
 
+class ModelNotServed(SamplerError):
+    """The server does not know the model name sampled (404): for a LoRA adapter loaded at
+    run time, the server lost it (a restart, another process unloaded it)."""
+
+
+class AdapterLoadFailed(SamplerError):
+    """The server refused to load a checkpoint's LoRA adapter (a bad path, a rank beyond
+    its --max-lora-rank, runtime loading disabled)."""
+
+
 BACKENDS = ("local", "tinker", "openai", "scripted", "instant")
 
 _ALLOWED_KEYS: dict[str, set[str]] = {
     "local": {"family", "tiny", "seed", "model_dir", "adapter_dir", "device", "dtype"},
     "tinker": {"base_model", "model_path", "api_key_env", "timeout"},
-    "openai": {"base_url", "model", "api_key_env", "timeout", "connect_timeout", "extra_body"},
+    "openai": {
+        "base_url",
+        "model",
+        "api_key_env",
+        "timeout",
+        "connect_timeout",
+        "extra_body",
+        # Checkpoints served as LoRA adapters loaded at run time (apps.proxy.samplers.vllm_lora):
+        # where the proxy unpacks them, where the server sees that directory, the unload policy,
+        # and (set by apps.proxy.calls.sampler_config, not by operators) the adapter sampled.
+        "adapter_root",
+        "adapter_server_root",
+        "adapter_idle_seconds",
+        "adapter_max_loaded",
+        "lora_name",
+        "lora_path",
+        # The same weights for the local training backend (apps.training.backends.local_base_spec).
+        "train_base",
+    },
     "scripted": {"sequences", "choose", "script", "cycle"},
     "instant": {"token_ids"},
 }
@@ -108,6 +137,19 @@ def _create(backend: str, config: dict[str, Any]) -> Sampler:
 
         if not config.get("base_url") or not config.get("model"):
             raise ValueError("openai config needs base_url and model")
+        if "lora_name" in config or "lora_path" in config:
+            from apps.proxy.samplers.vllm_lora import AdapterSampler
+
+            if not config.get("lora_name") or not config.get("lora_path"):
+                raise ValueError("openai config: lora_name and lora_path go together")
+            # The adapter rides on the server's own sampler (one per route configuration):
+            # its connections and its record of what is loaded there are shared by every
+            # checkpoint served by that server.
+            server = sampler_build(
+                backend="openai", config={k: v for k, v in config.items() if k not in ("lora_name", "lora_path")}
+            )
+            assert isinstance(server, OpenAICompatibleSampler)
+            return AdapterSampler(server=server, name=config["lora_name"], path=config["lora_path"])
         return OpenAICompatibleSampler(
             base_url=config["base_url"],
             model=config["model"],
@@ -115,6 +157,8 @@ def _create(backend: str, config: dict[str, Any]) -> Sampler:
             timeout=float(config.get("timeout", 600.0)),
             connect_timeout=float(config.get("connect_timeout", 5.0)),
             extra_body=config.get("extra_body"),
+            adapter_idle_seconds=float(config.get("adapter_idle_seconds", settings.SYNTH_PROXY_LORA_IDLE_SECONDS)),
+            adapter_max_loaded=int(config.get("adapter_max_loaded", settings.SYNTH_PROXY_LORA_MAX_LOADED)),
         )
     if backend == "scripted":
         from apps.proxy.samplers.scripted import ScriptedSampler, script_chooser
@@ -155,7 +199,7 @@ def sampler_build(*, backend: str, config: dict[str, Any]) -> Sampler:
 
 
 def _adapters_evict() -> None:
-    with_adapter = [k for k in _cache if any(item[0] == "adapter_dir" for item in k[1])]
+    with_adapter = [k for k in _cache if any(item[0] in ("adapter_dir", "lora_name") for item in k[1])]
     for key in with_adapter[: max(0, len(with_adapter) - settings.SYNTH_PROXY_MAX_ADAPTER_SAMPLERS)]:
         del _cache[key]
         _key_locks.pop(key, None)

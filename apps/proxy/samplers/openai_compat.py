@@ -24,7 +24,11 @@ sampled from, which is what LocalTorchSampler reports; the two agree at temperat
 without top-k/top-p.
 
 Errors: connection refused, timeouts and 408/429/502/503/504/529 raise SamplerUnavailable
-(the proxy answers 529/503); other failures raise SamplerError.
+(the proxy answers 529/503); a 404 raises ModelNotServed (the model name is unknown there);
+other failures raise SamplerError.
+
+Checkpoints are served as LoRA adapters loaded into the server at run time
+(``lora_load``/``lora_unload`` here; the policy in apps.proxy.samplers.vllm_lora).
 """
 
 from __future__ import annotations
@@ -36,16 +40,21 @@ from typing import Any
 import httpx
 
 from apps.proxy.samplers.base import Sampler, SampleRequest, SampleResult
-from apps.proxy.samplers.factory import SamplerError, SamplerUnavailable
+from apps.proxy.samplers.factory import AdapterLoadFailed, ModelNotServed, SamplerError, SamplerUnavailable
+from apps.proxy.samplers.vllm_lora import ServerAdapters
 
 _RETRYABLE_STATUS = {408, 429, 502, 503, 504, 529}
 _TOKEN_ID_PREFIX = "token_id:"
 
 
-def completions_url(base_url: str) -> str:
+def server_url(base_url: str, endpoint: str) -> str:
     base = base_url.rstrip("/")
     # Accept both "http://host:8000" and the OpenAI-client style "http://host:8000/v1".
-    return f"{base}/completions" if base.endswith("/v1") else f"{base}/v1/completions"
+    return f"{base}/{endpoint}" if base.endswith("/v1") else f"{base}/v1/{endpoint}"
+
+
+def completions_url(base_url: str) -> str:
+    return server_url(base_url, "completions")
 
 
 def completions_body(request: SampleRequest, *, model: str, extra_body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -131,6 +140,8 @@ class OpenAICompatibleSampler(Sampler):
         connect_timeout: float = 5.0,
         extra_body: dict[str, Any] | None = None,
         client: httpx.AsyncClient | None = None,
+        adapter_idle_seconds: float = 600.0,
+        adapter_max_loaded: int = 8,
     ) -> None:
         self.base_url = base_url
         self.url = completions_url(base_url)
@@ -144,6 +155,8 @@ class OpenAICompatibleSampler(Sampler):
         self._client = client
         self._owns_client = client is None
         self._client_loop: asyncio.AbstractEventLoop | None = None
+        # The LoRA adapters this process loaded into the server (checkpoints it serves).
+        self.adapters = ServerAdapters(server=self, idle_seconds=adapter_idle_seconds, max_loaded=adapter_max_loaded)
 
     def _http(self) -> httpx.AsyncClient:
         # An AsyncClient's pooled connections belong to the loop that opened them; make a new
@@ -167,7 +180,11 @@ class OpenAICompatibleSampler(Sampler):
         return {"backend": "openai", "model": self.model, "adapter": None, "base_url": self.base_url}
 
     async def sample(self, request: SampleRequest) -> SampleResult:
-        body = completions_body(request, model=self.model, extra_body=self.extra_body)
+        return await self.sample_model(request, model=self.model, snapshot=self.snapshot())
+
+    async def sample_model(self, request: SampleRequest, *, model: str, snapshot: dict[str, Any]) -> SampleResult:
+        """Sample the served model named ``model`` (the base model, or a loaded adapter)."""
+        body = completions_body(request, model=model, extra_body=self.extra_body)
         headers = self._headers()
         try:
             # Streamed and closed on every exit: when the proxy's client goes away this task is
@@ -184,15 +201,59 @@ class OpenAICompatibleSampler(Sampler):
             raise SamplerUnavailable(
                 f"{self.url}: {response.status_code} {response.text[:300]}", retry_after=_retry_after(response)
             )
+        if response.status_code == 404:
+            raise ModelNotServed(f"{self.url}: 404 for model {model!r}: {response.text[:300]}")
         if response.status_code != 200:
             raise SamplerError(f"{self.url}: {response.status_code} {response.text[:500]}")
         try:
             data = response.json()
         except ValueError:
             raise SamplerError(f"{self.url}: response is not JSON: {response.text[:300]}") from None
-        return completions_result(data, snapshot=self.snapshot())
+        return completions_result(data, snapshot=snapshot)
+
+    # -- LoRA adapters loaded at run time (vLLM) ------------------------------------------
+
+    async def _admin(self, endpoint: str, body: dict[str, Any]) -> httpx.Response:
+        url = server_url(self.base_url, endpoint)
+        try:
+            response = await self._http().post(url, json=body, headers=self._headers())
+        except httpx.TimeoutException as exc:
+            raise SamplerUnavailable(f"{url}: timed out ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:
+            raise SamplerUnavailable(f"{url}: cannot connect ({type(exc).__name__}: {exc})") from exc
+        if response.status_code in _RETRYABLE_STATUS:
+            raise SamplerUnavailable(
+                f"{url}: {response.status_code} {response.text[:300]}", retry_after=_retry_after(response)
+            )
+        return response
+
+    async def lora_load(self, *, name: str, path: str) -> None:
+        """Register the adapter directory ``path`` (as the server sees it) as model ``name``.
+        Idempotent: "already loaded" is success (the name is the package's digest, so the
+        same name always means the same weights)."""
+        response = await self._admin("load_lora_adapter", {"lora_name": name, "lora_path": path})
+        if response.status_code == 200:
+            return
+        text = response.text[:500]
+        if response.status_code == 400 and "already" in text.lower():
+            return
+        hint = ""
+        if response.status_code in (404, 405) and "adapter" not in text.lower():
+            hint = " (the server has no runtime adapter loading: run vLLM with --enable-lora and "
+            hint += "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"
+        raise AdapterLoadFailed(
+            f"{self.base_url} could not load LoRA adapter from {path}: {response.status_code} {text}{hint}"
+        )
+
+    async def lora_unload(self, *, name: str) -> None:
+        response = await self._admin("unload_lora_adapter", {"lora_name": name})
+        if response.status_code not in (200, 404):  # 404: already gone, as wanted
+            raise SamplerError(
+                f"{self.base_url} could not unload LoRA adapter {name}: {response.status_code} {response.text[:300]}"
+            )
 
     async def close(self) -> None:
+        await self.adapters.close()  # best effort: unload failures are logged
         if self._owns_client and self._client is not None:
             client, self._client = self._client, None
             await client.aclose()

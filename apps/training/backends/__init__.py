@@ -40,18 +40,32 @@ def base_model_name(*, backend: str, route: Any) -> str:
     return route.name
 
 
+_LOCAL_BASE_KEYS = ("tiny", "family", "seed", "model_dir")
+
+
+def local_base_spec(*, route: Any) -> dict[str, Any]:
+    """The base weights the local backend trains for ``route``: a local route's own model,
+    or, for an openai route (a vLLM server), its ``train_base``, the same weights as the
+    server serves (``{"model_dir": ...}``, or the tiny model's spec). Checkpoints trained so
+    are then served by that server, their adapters loaded at run time."""
+    config = route.sampler_config or {}
+    if route.sampler_backend == "local":
+        return {k: v for k, v in config.items() if k in _LOCAL_BASE_KEYS}
+    if route.sampler_backend == "openai" and isinstance(config.get("train_base"), dict):
+        return {k: v for k, v in config["train_base"].items() if k in _LOCAL_BASE_KEYS}
+    raise BackendUnavailable(
+        f"the local backend trains routes served by the local sampler, or openai routes whose sampler_config "
+        f"names the served weights as train_base; {route.name!r} is served by {route.sampler_backend!r}"
+        + (" without train_base" if route.sampler_backend == "openai" else "")
+    )
+
+
 def backend_service(*, backend: str, route: Any, root: Path) -> Any:
     """A ServiceClient-shaped object for ``backend`` and the route being trained."""
     if backend == "local":
-        if route.sampler_backend != "local":
-            raise BackendUnavailable(
-                f"the local backend trains routes served by the local sampler; {route.name!r} is served by "
-                f"{route.sampler_backend!r}"
-            )
         from apps.training.backends.local import LocalServiceClient
 
-        spec = {k: v for k, v in (route.sampler_config or {}).items() if k in ("tiny", "family", "seed", "model_dir")}
-        return LocalServiceClient(spec=spec, root=root)
+        return LocalServiceClient(spec=local_base_spec(route=route), root=root)
     if backend == "tinker":
         if route.sampler_backend != "tinker":
             raise BackendUnavailable(
