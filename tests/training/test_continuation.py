@@ -63,6 +63,9 @@ def test_n_steps_then_m_more_equal_n_plus_m_uninterrupted(alice, tmp_path):
         "optimizer": True,
     }  # fmt: skip
 
+    listed = alice.client.get(f"/api/checkpoints/{first_ckpts[-1].id}").json()
+    assert listed["has_state"] and listed["exact_continuation"]
+
     # The continuation names no lora_rank or seed: the checkpoint's are pinned.
     plan = {k: v for k, v in PLAN.items() if k not in ("lora_rank", "seed")}
     rest = submit_train(
