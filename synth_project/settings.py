@@ -480,3 +480,6 @@ SYNTH_TRAIN_UNEMBED_CHUNK = env_int("SYNTH_TRAIN_UNEMBED_CHUNK", 512, minimum=1)
 SYNTH_CHECKPOINT_RESOLVER = os.environ.get(
     "SYNTH_CHECKPOINT_RESOLVER", "apps.training.selectors.checkpoint_binding_resolve"
 )
+# How a train run's plan is checked against the weights it starts from at submission (a
+# continued checkpoint's saved state) and completed: a dotted path, for the same reason.
+SYNTH_TRAIN_PLAN_RESOLVER = "apps.training.continuation.train_plan_resolve"

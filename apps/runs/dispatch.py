@@ -145,6 +145,30 @@ def batch_add(
     return groups
 
 
+def batch_extend(
+    *, run_id: str, step: int, tasks: list[tuple[int, TaskVersion]], attempts: int, sampler: dict[str, Any]
+) -> list[SamplingGroup]:
+    """Add groups to a running run's existing batch (a train run drawing replacements for
+    groups without learning signal) and start their trials. Tasks already in the step are
+    left out (a step holds one group per task). Returns the groups made."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update(of=("self",)).get(pk=run_id)
+        if run.status != RunStatus.RUNNING or not run.groups.filter(step=step).exists():
+            return []
+        taken = set(run.groups.filter(step=step).values_list("position", flat=True))
+        fresh = [(position, task) for position, task in tasks if position not in taken]
+        if not fresh:
+            return []
+        groups, trials = _groups_build(run=run, step=step, tasks=fresh, attempts=attempts, sampler=sampler)
+        event_append(
+            run_id=run.id,
+            type="batch.extended",
+            data={"step": step, "groups": len(groups), "trials": len(trials), "sampler": sampler},
+        )
+        transaction.on_commit(lambda: trials_enqueue(run_id=run_id))
+    return groups
+
+
 # --------------------------------------------------------------------------- enqueueing
 
 

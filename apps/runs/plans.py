@@ -165,6 +165,32 @@ PLAN_SCHEMAS: dict[str, dict[str, Any]] = {
                     "require_reward_variance": {"type": "boolean", "default": True},
                 },
             },
+            # No default here: it applies only when the actor's model is a checkpoint, and the
+            # training app pins "exact" then (apps.training.continuation).
+            "continuation": {
+                "enum": ["exact", "weights_only"],
+                "description": "from a checkpoint: exact restores the optimizer state, the step and the dataset "
+                "cursor; weights_only loads the weights with a fresh optimizer and the cursor at the start",
+            },
+            "dynamic_sampling": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["max_refills"],
+                "description": "replace groups without learning signal with groups drawn from the dataset",
+                "properties": {
+                    "max_refills": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "maximum": 1024,
+                        "description": "extra groups one step may draw at most",
+                    },
+                },
+            },
+            "exclude_truncated": {
+                "type": "boolean",
+                "default": False,
+                "description": "leave out attempts with a response cut at max_tokens",
+            },
         },
     },
 }

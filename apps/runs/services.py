@@ -13,9 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django.utils.module_loading import import_string
 
 from apps.accounts.models import Organization
 from apps.core.errors import Conflict, NotFound, ValidationFailed
@@ -240,6 +242,13 @@ def run_submit(
     if request["kind"] == RunKind.TRAIN:
         _trainable_check(binding=model_binding)
         _harness_checked(recipe=recipe)
+        # The learner checks the plan against the weights it starts from (a continued
+        # checkpoint's rank, backend, seed, dataset cursor) and pins what they fix.
+        given = set(body["plan"]) if isinstance(body.get("plan"), dict) else set()
+        resolve_train_plan = import_string(settings.SYNTH_TRAIN_PLAN_RESOLVER)
+        request["plan"] = resolve_train_plan(
+            org=org, binding=model_binding, plan=request["plan"], given=given, dataset_digest=dataset_version.digest
+        )
     # The judge's weights are pinned too (a checkpoint judge is resolved now, not per trial).
     judge_binding = None
     if judge is not None:

@@ -34,6 +34,7 @@ def checkpoint_dict(checkpoint: Checkpoint) -> dict[str, Any]:
         "digest": f"sha256:{checkpoint.sha256}" if checkpoint.sha256 else None,
         "size": checkpoint.size,
         "has_state": bool(checkpoint.state_path),
+        "exact_continuation": bool(checkpoint.state_path and checkpoint.resume),
         "milestone": checkpoint.milestone,
         "parent": checkpoint.parent_id,
         # What to put in a recipe to use these weights.

@@ -45,7 +45,10 @@ def training_client(*, trainer: Trainer, plan: dict[str, Any]) -> Any:
         return cached[1]
     route = ModelRoute.objects.get(name=trainer.route)
     service = backend_service(backend=trainer.backend, route=route, root=_local_root())
-    if trainer.state_path:
+    if trainer.state_path and trainer.state_path == trainer.weights_only_state:
+        # A weights-only continuation's start: its weights, a fresh optimizer.
+        client = service.create_training_client_from_state(_state_to_backend(trainer=trainer)).result()
+    elif trainer.state_path:
         client = service.create_training_client_from_state_with_optimizer(_state_to_backend(trainer=trainer)).result()
     else:
         client = service.create_lora_training_client(

@@ -73,6 +73,7 @@ class GroupData:
     datums: list[PackedDatum] = field(default_factory=list)
     skipped: str = ""  # reason the group gives no data
     problems: dict[str, int] = field(default_factory=dict)
+    excluded: dict[str, str] = field(default_factory=dict)  # trial id -> why it is left out
 
 
 def call_problem(call: Call) -> str:
@@ -172,6 +173,7 @@ def group_prepare(*, group_id: str, attempts: list[Attempt], min_valid: int, req
         problem = attempt_qualify(attempt)
         if problem:
             data.problems[problem] = data.problems.get(problem, 0) + 1
+            data.excluded[attempt.trial_id] = problem
         else:
             usable.append(attempt)
     data.qualified = [a.trial_id for a in usable]

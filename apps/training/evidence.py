@@ -12,6 +12,7 @@ from apps.proxy.capture import interaction_publish
 from apps.proxy.models import Eligibility, Integrity, Interaction
 from apps.runs.models import SamplingGroup, TrialStatus
 from apps.training.datums import Attempt, Call, GroupData
+from apps.training.sampling import TRUNCATED, TRUNCATED_STOP
 
 
 def _payload(interaction: Interaction) -> dict[str, Any]:
@@ -25,7 +26,9 @@ def _payload(interaction: Interaction) -> dict[str, Any]:
 
 
 def group_attempts(*, group: SamplingGroup) -> list[Attempt]:
-    """The group's attempts with their rewards and captured calls, in call order."""
+    """The group's attempts with their rewards and captured calls, in call order. With
+    ``plan.exclude_truncated``, an attempt with a response cut at max_tokens is left out."""
+    exclude_truncated = bool(group.run.spec.plan.get("exclude_truncated"))
     trials = list(group.trials.order_by("attempt"))
     calls: dict[str, list[Interaction]] = {t.id: [] for t in trials}
     for interaction in (
@@ -42,6 +45,9 @@ def group_attempts(*, group: SamplingGroup) -> list[Attempt]:
             attempt.problem = f"attempt {trial.status}"
         for interaction in calls[trial.id]:
             if attempt.problem:
+                break
+            if exclude_truncated and interaction.stop_reason == TRUNCATED_STOP:
+                attempt.problem = TRUNCATED
                 break
             if interaction.eligibility != Eligibility.ELIGIBLE:
                 attempt.problem = f"a model call is not trainable ({interaction.eligibility_reason or 'unsettled'})"
@@ -68,4 +74,5 @@ def group_summary(data: GroupData) -> dict[str, Any]:
         "datums": len(data.datums),
         "skipped": data.skipped or None,
         "problems": data.problems,
+        "excluded": data.excluded,
     }

@@ -32,6 +32,14 @@ class Trainer(models.Model):
     dataset_cursor = models.PositiveIntegerField(default=0, help_text="tasks consumed so far, across epochs")
     sampler = models.JSONField(help_text="the model binding the current batch samples from")
     state_path = models.CharField(max_length=500, blank=True, help_text="last saved trainer state (to resume)")
+    # A continuation starts at the step of the checkpoint it continues (numbering goes on);
+    # the run takes plan.steps updates from there.
+    first_step = models.PositiveIntegerField(default=0, help_text="the step this run started at")
+    # A weights-only continuation's starting state is loaded without its optimizer state
+    # (a fresh optimizer); every state this run saves is loaded with it.
+    weights_only_state = models.CharField(
+        max_length=500, blank=True, help_text="the state path loaded without optimizer state"
+    )
     status = models.CharField(max_length=16, choices=TrainerStatus.choices, default=TrainerStatus.SAMPLING)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -99,6 +107,11 @@ class Checkpoint(models.Model):
     sha256 = models.CharField(max_length=64, blank=True, help_text="of the stored adapter package (local)")
     size = models.BigIntegerField(null=True, blank=True)
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
+    # What exact continuation restores besides the state package (weights + optimizer):
+    # apps.training.continuation. Empty on checkpoints saved before it was recorded.
+    resume = models.JSONField(
+        default=dict, blank=True, help_text="dataset cursor, dataset, task filter, seed: for exact continuation"
+    )
     milestone = models.BooleanField(
         default=False, help_text="saved at a multiple of the plan's save_every, or the run's last step"
     )
@@ -114,3 +127,25 @@ class Checkpoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} ({self.run_id} step {self.step})"
+
+
+class GroupReplacement(models.Model):
+    """Dynamic sampling's lineage: a settled sampling group without learning signal (all
+    rewards equal, or too few usable attempts) and the group drawn from the dataset in its
+    place, in the same step (``plan.dynamic_sampling``)."""
+
+    id = PrefixedIdField(prefix="rpl")
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="group_replacements")
+    step = models.PositiveIntegerField()
+    replaced = models.OneToOneField("runs.SamplingGroup", on_delete=models.CASCADE, related_name="replaced_by")
+    replacement = models.OneToOneField("runs.SamplingGroup", on_delete=models.CASCADE, related_name="replaces")
+    reason = models.CharField(max_length=200)
+    rewards = models.JSONField(default=list, blank=True, help_text="the replaced group's usable rewards")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "step", "created_at"]
+        indexes = [models.Index(fields=["run", "step"])]
+
+    def __str__(self) -> str:
+        return f"{self.replaced_id} -> {self.replacement_id} ({self.run_id} step {self.step})"

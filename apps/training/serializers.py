@@ -33,6 +33,9 @@ class CheckpointSerializer(serializers.Serializer):
     digest = serializers.CharField(allow_null=True, help_text="sha256:<hex> of the packed adapter")
     size = serializers.IntegerField(allow_null=True)
     has_state = serializers.BooleanField(help_text="the optimizer state was saved too (training can resume)")
+    exact_continuation = serializers.BooleanField(
+        help_text="the dataset cursor was saved too: a train run can continue it exactly (plan.continuation)"
+    )
     milestone = serializers.BooleanField()
     parent = serializers.CharField(allow_null=True)  # type: ignore[assignment]  # a declared field: DRF's metaclass takes it off the class
     model = CheckpointModelSerializer(help_text="what to put in a recipe to use these weights")

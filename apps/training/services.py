@@ -16,7 +16,6 @@ State moves are in ``apps.training.transitions``, the sweeper's redrives in
 
 from __future__ import annotations
 
-import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,9 @@ from apps.runs.models import GroupStatus, Run, RunStatus, SamplingGroup
 from apps.runs.services import event_append
 from apps.runs.settlement import run_complete
 from apps.training.backends import BackendUnavailable, backend_service, base_model_name
-from apps.training.models import Checkpoint, Trainer, TrainerStatus
+from apps.training.continuation import Start, continuation_start
+from apps.training.models import Trainer, TrainerStatus
+from apps.training.sampling import groups_refill, train_entries
 from apps.training.transitions import trainer_transition
 
 # Losses each backend computes (Tinker computes them server-side).
@@ -67,22 +68,22 @@ def training_start(*, run_id: str) -> Trainer | None:
         route = ModelRoute.objects.filter(name=binding.get("route", "")).first()
         backend = plan.get("backend", "local")
         problem = _start_problem(run=run, route=route, plan=plan)
-        state_path = ""
-        if not problem and binding.get("checkpoint"):
-            start = Checkpoint.objects.filter(org=run.org, pk=binding["checkpoint"]).first()
-            if start is None or not start.state_path:
-                problem = f"checkpoint {binding['checkpoint']} has no saved trainer state to continue from"
-            elif start.backend != backend:
-                problem = f"checkpoint {start.id} was trained with the {start.backend} backend, not {backend}"
-            else:
-                state_path = start.state_path
+        # A continuation restores the step, the dataset cursor and (exact) the optimizer.
+        start = continuation_start(run=run, binding=binding, backend=backend) if not problem else None
+        if start is not None and start.problem:
+            problem = start.problem
+        start = start or Start()
         trainer = Trainer.objects.create(
             run=run,
             backend=backend,
             route=binding.get("route", ""),
             base_model=base_model_name(backend=backend, route=route) if not problem and route else "",
             sampler=binding,
-            state_path=state_path,
+            state_path=start.state_path,
+            step=start.step,
+            first_step=start.step,
+            dataset_cursor=start.dataset_cursor,
+            weights_only_state=start.state_path if start.weights_only else "",
             status=TrainerStatus.FAILED if problem else TrainerStatus.SAMPLING,
         )
         if problem:
@@ -92,7 +93,15 @@ def training_start(*, run_id: str) -> Trainer | None:
         event_append(
             run_id=run.id,
             type="training.started",
-            data={"backend": backend, "route": trainer.route, "base_model": trainer.base_model, "sampler": binding},
+            data={
+                "backend": backend,
+                "route": trainer.route,
+                "base_model": trainer.base_model,
+                "sampler": binding,
+                "first_step": trainer.first_step,
+                "dataset_cursor": trainer.dataset_cursor,
+                "continuation": plan.get("continuation"),
+            },
         )
         try:
             batch_start(run=run, trainer=trainer)
@@ -107,12 +116,7 @@ def training_start(*, run_id: str) -> Trainer | None:
 def batch_start(*, run: Run, trainer: Trainer) -> None:
     """Add the trainer's current step as a batch of groups. Caller holds the run lock."""
     plan = run.spec.plan
-    patterns = plan.get("task_names") or []
-    entries = [
-        (entry.position, entry.task_version)
-        for entry in run.spec.dataset_version.entries.select_related("task_version").order_by("position")
-        if not patterns or any(fnmatch.fnmatchcase(entry.task_version.name, p) for p in patterns)
-    ]
+    entries = train_entries(run=run)
     if not entries:
         raise TrainingFailed("the dataset (after task_names) has no tasks to train on")
     # The cursor walks the dataset in order and wraps (epochs); a batch never holds one task twice.
@@ -129,13 +133,18 @@ def step_settled(*, run_id: str, step: int) -> bool:
     with transaction.atomic():
         # The run's row first, as everywhere (its trainer's move appends an event).
         list(Run.objects.select_for_update().filter(pk=run_id).values_list("pk", flat=True))
-        trainer = Trainer.objects.select_for_update(of=("self",)).select_related("run").filter(run_id=run_id).first()
+        trainer = (
+            Trainer.objects.select_for_update(of=("self",)).select_related("run__spec").filter(run_id=run_id).first()
+        )
         if trainer is None or trainer.status != TrainerStatus.SAMPLING or trainer.step != step:
             return False
         if trainer.run.is_terminal:  # cancelled: the last trial finalized the run
             trainer_transition(
                 trainer=trainer, to=TrainerStatus.DONE, event="training.done", data={"why": "the run ended"}
             )
+            return False
+        # Dynamic sampling: a settled group without signal is replaced as soon as it settles.
+        if groups_refill(run=trainer.run, trainer=trainer, step=step):
             return False
         groups = SamplingGroup.objects.filter(run_id=run_id, step=step)
         if not groups.exists() or groups.exclude(status=GroupStatus.SETTLED).exists():

@@ -28,9 +28,11 @@ from apps.runs.models import Run, SamplingGroup
 from apps.runs.services import event_append
 from apps.runs.settlement import run_complete
 from apps.training.clients import client_forget, client_state_note, training_client, weights_persist
+from apps.training.continuation import checkpoint_resume, trainer_end_step
 from apps.training.datums import datums_to_tinker, group_prepare
 from apps.training.evidence import group_attempts, group_summary
 from apps.training.models import Checkpoint, LearningUpdate, Trainer, TrainerStatus, UpdateStatus
+from apps.training.sampling import TRUNCATED, replacements_summary
 from apps.training.services import TrainingFailed, batch_start
 from apps.training.transitions import trainer_transition, update_transition
 
@@ -195,6 +197,7 @@ def _update_run(*, trainer: Trainer, update: LearningUpdate, holder: str) -> Lea
         "attempts_qualified": len(rewards),
         "groups_used": sum(1 for g in prepared if g.datums),
         "groups_skipped": sum(1 for g in prepared if not g.datums),
+        "attempts_truncated": sum(1 for g in prepared for why in g.excluded.values() if why == TRUNCATED),
         "gather_seconds": round(time.monotonic() - started, 3),
     }
     if not datums:
@@ -269,7 +272,9 @@ def _update_run(*, trainer: Trainer, update: LearningUpdate, holder: str) -> Lea
             sha256=sha256,
             size=size,
             parent_id=parent_id,
-            milestone=(step + 1) % int(plan.get("save_every", 5)) == 0 or step + 1 >= int(plan["steps"]),
+            milestone=(step + 1) % int(plan.get("save_every", 5)) == 0
+            or step + 1 >= trainer_end_step(trainer=trainer, plan=plan),
+            resume=checkpoint_resume(run=run, trainer=trainer, plan=plan),
         )
         if not update_transition(
             update=update,
@@ -303,7 +308,8 @@ def _advance(*, run_id: str) -> None:
     trainer = Trainer.objects.select_for_update().get(run=run)
     trainer.step += 1
     trainer.save(update_fields=["step", "updated_at"])
-    if trainer.step >= int(run.spec.plan["steps"]) or run.cancel_requested_at is not None or run.is_terminal:
+    ended = trainer.step >= trainer_end_step(trainer=trainer, plan=run.spec.plan)
+    if ended or run.cancel_requested_at is not None or run.is_terminal:
         trainer_transition(trainer=trainer, to=TrainerStatus.DONE, event="training.done")
         transaction.on_commit(lambda: client_forget(run_id))
         if not run.is_terminal:
@@ -321,16 +327,24 @@ def _advance(*, run_id: str) -> None:
 
 def training_summary(*, run_id: str) -> dict[str, Any]:
     """The train run's learning, for its summary, by step: reward_by_step[N] is the mean
-    reward of the groups sampled at step N (from 0, as updates and checkpoints number them),
-    and checkpoints are in step order."""
+    reward of the groups sampled at step first_step + N (0 unless the run continues a
+    checkpoint: updates and checkpoints number steps on from it), and checkpoints are in
+    step order."""
     updates = list(LearningUpdate.objects.filter(run_id=run_id).order_by("step"))
     checkpoints = list(Checkpoint.objects.filter(run_id=run_id).order_by("step").values_list("id", flat=True))
+    first_step = Trainer.objects.filter(run_id=run_id).values_list("first_step", flat=True).first() or 0
+    replacements = replacements_summary(run_id=run_id)
     return {
         "training": {
+            "first_step": first_step,
             "steps": len(updates),
             "applied": sum(1 for u in updates if u.status == UpdateStatus.APPLIED),
             "skipped": sum(1 for u in updates if u.status == UpdateStatus.SKIPPED),
             "reward_by_step": [u.metrics.get("reward_mean") for u in updates],
+            # Dynamic sampling: groups replaced for want of signal, attempts left out as cut.
+            "groups_replaced": len(replacements),
+            "replacements": replacements,
+            "attempts_truncated": sum(int(u.metrics.get("attempts_truncated") or 0) for u in updates),
             "checkpoints": checkpoints,
             "final_checkpoint": checkpoints[-1] if checkpoints else None,
         }

@@ -64,10 +64,14 @@ def test_batches_walk_the_dataset_and_updates_without_signal_are_skipped(alice):
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED
     assert run.summary["training"] == {
+        "first_step": 0,
         "steps": 2,
         "applied": 0,
         "skipped": 2,
         "reward_by_step": [0.5, 0.5],
+        "groups_replaced": 0,
+        "replacements": [],
+        "attempts_truncated": 0,
         "checkpoints": [],
         "final_checkpoint": None,
     }
