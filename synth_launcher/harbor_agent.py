@@ -68,6 +68,9 @@ _TAIL_CHARS = 2000
 # Besides the workdir, where a task's environment may keep repositories (sanitize_git).
 SANITIZE_GIT_ROOTS = ("/testbed", "/workspace", "/repo", "/srv", "/home", "/root", "/tmp")
 _SETUP_GRACE_SEC = 120.0
+# Platform variables naming a directory the harness writes its state to (under the agent's
+# logs): made before it runs and owned by the task's agent user.
+HARNESS_STATE_DIRS = ("CLAUDE_CONFIG_DIR", "MSWEA_GLOBAL_CONFIG_DIR")
 
 
 class RequiredOutputMissing(RuntimeError):
@@ -186,9 +189,8 @@ class RecipeAgent(BaseAgent):
             uploads.append((plan.instruction_path, plan.instruction, "0644"))
         elif plan.instruction_via in ("argument", "stdin"):
             uploads.append((self._instruction_path, plan.instruction, "0644"))
-        dirs = {plan.logs_dir, plan.workdir, *(str(Path(path).parent) for path, _, _ in uploads)}
-        if "CLAUDE_CONFIG_DIR" in plan.env:
-            dirs.add(plan.env["CLAUDE_CONFIG_DIR"])
+        state_dirs = [plan.env[name] for name in HARNESS_STATE_DIRS if name in plan.env]
+        dirs = {plan.logs_dir, plan.workdir, *state_dirs, *(str(Path(path).parent) for path, _, _ in uploads)}
         await self._root(environment, "mkdir -p " + " ".join(_q(d) for d in sorted(dirs)))
         await self._upload_text(
             environment, path=self._plan_path, content=json.dumps(plan.to_dict(), indent=2, sort_keys=True), mode="0644"
@@ -198,9 +200,7 @@ class RecipeAgent(BaseAgent):
         user = environment.default_user
         if user not in (None, "root", 0):
             # Uploads land as root; the agent (the task's [agent].user) must own its files.
-            owned = [plan.workdir, *(path for path, _, _ in uploads)]
-            if "CLAUDE_CONFIG_DIR" in plan.env:
-                owned.append(plan.env["CLAUDE_CONFIG_DIR"])
+            owned = [plan.workdir, *(path for path, _, _ in uploads), *state_dirs]
             await self._root(environment, f"chown -R {_q(str(user))} " + " ".join(_q(p) for p in owned))
 
         env = plan.exec_env()

@@ -25,6 +25,8 @@ set (``ANTHROPIC_BASE_URL``, ``ANTHROPIC_API_KEY`` = the credential, the model n
 autoupdater, ``CLAUDE_CONFIG_DIR`` under /logs/agent). They are given to every
 engine that uses a model, not only claude-code, so a ``command`` recipe that runs an
 Anthropic client or wraps ``claude`` itself is routed through the proxy the same way.
+An engine may add its own (the registry's ``Engine.env``: mini-swe-agent's
+``OPENAI_API_KEY`` = the credential and its offline switches).
 
 Pure Python, no Django: the recipe is checked with synth_launcher.recipe first.
 """
@@ -44,6 +46,7 @@ from synth_launcher.plan import (
     CREDENTIAL_MARKER,
     DEFAULT_SETUP_TIMEOUT_SEC,
     PLAN_FORMAT,
+    TRIAL_HEADER,
     AttemptBinding,
     Bindings,
     LaunchError,
@@ -77,10 +80,6 @@ __all__ = [
     "launch_plan_build",
     "recipe_launch_check",
 ]
-
-# The correlation header Claude Code adds to every model call (ANTHROPIC_CUSTOM_HEADERS),
-# so the proxy can attribute a call to its trial even before it checks the credential.
-TRIAL_HEADER = "x-synth-trial"
 
 
 # ---------------------------------------------------------------- building
@@ -199,11 +198,24 @@ def _bindings_check(bindings: Bindings) -> None:
         raise LaunchError("the credential must be non-empty visible ASCII", field="bindings.credential")
 
 
+def _engine_request(*, bindings: Bindings, logs_dir: str, **parts: Any) -> ArgvRequest:
+    """What an engine's argv and env builders are told about this launch."""
+    return ArgvRequest(
+        model=bindings.model,
+        trial_id=bindings.attempt.trial_id,
+        logs_dir=logs_dir,
+        credential=bool(bindings.credential),
+        **parts,
+    )
+
+
 def _platform_env(*, engine: Engine, bindings: Bindings, logs_dir: str) -> dict[str, str]:
     env = {"SYNTH_TRIAL_ID": bindings.attempt.trial_id}
     model = bindings.model
     if model is None or not engine.uses_model:
         return env
+    if engine.env is not None:
+        env.update(engine.env(_engine_request(bindings=bindings, logs_dir=logs_dir, args=(), via="none")))
     env.update(
         {
             "ANTHROPIC_BASE_URL": model.base_url,
@@ -349,8 +361,14 @@ def _plan_build(*, recipe: dict[str, Any], bindings: Bindings, logs_dir: str) ->
         for i, c in enumerate(recipe["command"] if engine.recipe_command else ())
     )
     argv = engine.argv(
-        ArgvRequest(
-            args=args, via=via, instruction_path=instruction_path, transcript_path=transcript_path, command=command
+        _engine_request(
+            bindings=bindings,
+            logs_dir=logs_dir,
+            args=args,
+            via=via,
+            instruction_path=instruction_path,
+            transcript_path=transcript_path,
+            command=command,
         )
     )
     if via == "argument":

@@ -445,6 +445,9 @@ SYNTH_MODEL_CREDENTIAL_MARGIN_SECONDS = env_int("SYNTH_MODEL_CREDENTIAL_MARGIN_S
 # The Claude Code executable bound read-only into local sandboxes (as /synth/bin/claude).
 # Default: the repository's node_modules/.bin/claude (deploy/setup.sh runs npm ci).
 SYNTH_CLAUDE_CODE_BIN = os.environ.get("SYNTH_CLAUDE_CODE_BIN") or str(BASE_DIR / "node_modules" / ".bin" / "claude")
+# The Python harnesses' virtual environments (one per engine, e.g. mini-swe-agent), built by
+# deploy/harnesses.sh from their hash-pinned locks and bound read-only into local sandboxes.
+SYNTH_HARNESSES_DIR = Path(os.environ.get("SYNTH_HARNESSES_DIR") or BASE_DIR / ".harnesses")
 
 # TRAINING
 # ------------------------------------------------------------------------------

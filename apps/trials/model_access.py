@@ -16,7 +16,8 @@ from reading the recipe here. The launcher gets ``ModelBinding(name=<route>,
 base_url=http://127.0.0.1:<port>)`` and the secret (``Bindings.credential``); the sandbox gets
 ``model_socket`` (the bridge from its own 127.0.0.1:<port> to the proxy's Unix socket), and,
 when installed, the ``claude`` executable bound read-only at ``/synth/bin/claude`` with
-``/synth/bin`` first on PATH (required for engine claude-code). When the trial
+``/synth/bin`` first on PATH (required for engine claude-code), and the engine's harness
+tree if it has one (mini-swe-agent's venv at ``/synth/mini-swe-agent``, apps.trials.harnesses). When the trial
 ends, however it ends, the worker revokes the credential (:func:`model_access_close`).
 
 A failure here (unknown route, an unresolved checkpoint binding, no bridge, proxy down, Claude Code not
@@ -74,6 +75,7 @@ class ModelAccess:
     socket: Path
     port: int
     claude: Path | None = None  # host path of the Claude Code executable to bind, if any
+    harness_binds: tuple[str, ...] = ()  # "host:target" of the engine's harness tree (apps.trials.harnesses)
 
 
 # ---------------------------------------------------------------- reads
@@ -294,6 +296,14 @@ def model_access_open(
             f"Claude Code is not installed at {settings.SYNTH_CLAUDE_CODE_BIN} (SYNTH_CLAUDE_CODE_BIN); "
             "run `npm ci` in the repository root (deploy/setup.sh does)"
         )
+    harness_binds: tuple[str, ...] = ()
+    if engine.host_binary is not None and engine.host_binary.tree:
+        from apps.trials.harnesses import HarnessUnavailable, harness_tree_resolve
+
+        try:
+            harness_binds = (f"{harness_tree_resolve(tree=engine.host_binary)}:{engine.host_binary.target}",)
+        except HarnessUnavailable as exc:
+            raise ModelAccessError(str(exc)) from None
     port = int(settings.SYNTH_SANDBOX_MODEL_PORT)
     cred, secret = model_credential_issue(
         org=trial.run.org,
@@ -311,6 +321,7 @@ def model_access_open(
         socket=proxy_socket,
         port=port,
         claude=claude,
+        harness_binds=harness_binds,
     )
 
 
@@ -330,7 +341,10 @@ def sandbox_model_options(*, access: ModelAccess) -> tuple[dict[str, Any], dict[
         "model_max_connections": settings.SYNTH_SANDBOX_MODEL_MAX_CONNECTIONS,
     }
     env: dict[str, str] = {}
+    binds = list(access.harness_binds)  # off PATH: a harness's python must not shadow the task's
     if access.claude is not None:
-        kwargs["extra_ro_binds"] = [f"{access.claude}:{SANDBOX_CLAUDE}"]
+        binds.append(f"{access.claude}:{SANDBOX_CLAUDE}")
         env["PATH"] = f"{SANDBOX_BIN_DIR}:{SANDBOX_PATH}"
+    if binds:
+        kwargs["extra_ro_binds"] = binds
     return kwargs, env
