@@ -388,3 +388,18 @@ def test_the_pinned_harness_runs_offline_in_the_sandbox(tmp_path, chat_server):
 
 
 INSTRUCTION_TEXT = "Write ok into /app/out.txt."
+
+
+def test_the_example_profile_launches():
+    from tests.trials.conftest import EXAMPLES
+
+    recipe_launch_check(recipe=json.loads((EXAMPLES / "mini-swe-agent.json").read_text()))
+
+
+def test_the_trajectory_is_published_as_the_transcript():
+    from apps.trials.publish import _artifact_kind
+
+    assert _artifact_kind("agent/mini-swe-agent.traj.json") == "transcript"
+    assert _artifact_kind("agent/claude-code.jsonl") == "transcript"
+    assert _artifact_kind("agent/mini-swe-agent/last_mini_run.traj.json") == "agent"
+    assert _artifact_kind("agent/mini-swe-agent.txt") == "agent"
