@@ -26,6 +26,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# The Python harnesses bound into local sandboxes (mini-swe-agent), each a venv under
+# .harnesses/ from its hash-pinned lock; rebuilt only when the lock changes.
+bash deploy/harnesses.sh
+
 # The local sandbox uses bubblewrap (Debian package); install it when missing and possible.
 if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   (apt-get install -y -q bubblewrap >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; }) \

@@ -21,6 +21,11 @@ whether it talks to a model at all and which host executable it binds into the s
   :data:`CODEX_CREDENTIAL_ENV`, no approvals, no sandbox of its own (ours is the boundary),
   nothing that reaches another host. The trial host binds the host's Codex executable
   (:data:`CODEX_BINARY`).
+* mini-swe-agent runs the pinned mini-swe-agent (PyPI; a venv built by deploy/harnesses.sh,
+  bound read-only at :data:`MINI_SWE_AGENT_HOME`, off PATH) headless with its own ``mini`` command line
+  (:func:`_mini_swe_agent_argv`): yolo mode, exit on finish, its tool-call model class on
+  litellm's OpenAI provider pointed at the bridge's ``/v1`` (Chat Completions), the route as
+  the model; its trajectory (JSON) is the transcript. The instruction comes as ``--task``.
 * command runs the recipe's ``command`` + args; it may use a model the recipe binds.
 * oracle is Harbor's oracle (the task's ``solution/solve.sh``); nop does nothing. Neither
   takes an instruction or talks to a model: a model binding in their recipe is ignored.
@@ -34,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from synth_launcher.plan import CREDENTIAL_MARKER, TRIAL_HEADER, LaunchError, ModelBinding, PlanFile
+from synth_launcher.plan import AGENT_LOGS_DIR, CREDENTIAL_MARKER, TRIAL_HEADER, LaunchError, ModelBinding, PlanFile
 
 # required: a recipe must bind a model, and a launch needs the binding and the credential.
 # optional: a bound model is routed like any other (the platform's variables, the bridge).
@@ -89,6 +94,9 @@ class ArgvRequest:
     instruction_path: str | None = None
     transcript_path: str | None = None
     command: tuple[str, ...] = ()  # the recipe's command (engines with recipe_command only)
+    model: ModelBinding | None = None  # for engines that configure their model on the command line
+    trial_id: str = ""
+    logs_dir: str = AGENT_LOGS_DIR
 
 
 @dataclass(frozen=True)
@@ -138,6 +146,33 @@ HOST_BINARIES = (CLAUDE_CODE_BINARY, CODEX_BINARY)
 
 
 @dataclass(frozen=True)
+class HarnessTree:
+    """A harness's own directory of the trials host (a Python harness's virtual environment,
+    apps.trials.harnesses) that the trial host binds read-only at ``target``, left off PATH
+    so that its python never shadows the task's."""
+
+    name: str
+    target: str
+
+
+# mini-swe-agent's venv (its interpreter is the host's /usr python, which the sandbox sees),
+# run as ``python -I -m minisweagent.run.mini``: -I keeps the task's PYTHONPATH and user site
+# out, and the module form needs none of the venv's scripts (their shebangs name the host path).
+MINI_SWE_AGENT_HOME = "/synth/mini-swe-agent"
+MINI_SWE_AGENT_TREE = HarnessTree(name="mini-swe-agent", target=MINI_SWE_AGENT_HOME)
+MINI_SWE_AGENT_ARGV = (
+    f"{MINI_SWE_AGENT_HOME}/bin/python",
+    "-I",
+    "-m",
+    "minisweagent.run.mini",
+    "--yolo",  # no confirmation of actions: nobody can answer in the sandbox
+    "--exit-immediately",  # finish when the agent submits instead of asking for a new task
+    "--cost-limit",  # the proxy's routes have no price; limits.max_model_calls bounds an attempt
+    "0",
+)
+
+
+@dataclass(frozen=True)
 class HarnessRequest:
     """What an engine's own environment and configuration files are made from: the bound
     model, the attempt, where the launch's logs go and whether a credential is bound."""
@@ -168,6 +203,8 @@ class Engine:
     # are the platform's; a recipe may not set them.
     harness_env: Callable[[HarnessRequest], dict[str, str]] | None = None
     harness_files: Callable[[HarnessRequest], tuple[PlanFile, ...]] | None = None
+    # The engine's harness directory, bound off PATH (mini-swe-agent's venv).
+    harness_tree: HarnessTree | None = None
 
     @property
     def needs_model(self) -> bool:
@@ -279,6 +316,114 @@ def _codex_files(request: HarnessRequest) -> tuple[PlanFile, ...]:
     return (PlanFile(path=path, content=codex_config(request=request), mode="0644"),)
 
 
+_MINI_SWE_AGENT_FLAGS = (
+    ("--model", "the model is the recipe's binding, asked for through the bridge as openai/<route>"),
+    ("-m", "the model is the recipe's binding, asked for through the bridge as openai/<route>"),
+    ("--task", "the platform delivers the instruction as --task"),
+    ("-t", "the platform delivers the instruction as --task"),
+    ("--output", "the platform keeps the trajectory where it collects artifacts"),
+    ("-o", "the platform keeps the trajectory where it collects artifacts"),
+    ("--yolo", "the platform runs mini-swe-agent headless, without confirmations"),
+    ("-y", "the platform runs mini-swe-agent headless, without confirmations"),
+    ("--exit-immediately", "the platform runs mini-swe-agent headless: it exits when the agent submits"),
+    ("--cost-limit", "calls are not priced; limits.max_model_calls bounds an attempt"),
+    ("-l", "calls are not priced; limits.max_model_calls bounds an attempt"),
+)
+# Config keys (``-c key=value``) whose values the platform sets after the recipe's specs.
+_MINI_SWE_AGENT_KEYS = (
+    ("model.model_name", "the model is the recipe's binding"),
+    ("model.model_kwargs.api_base", "the platform points the harness at the bridge to the capture proxy"),
+    ("model.model_kwargs.base_url", "the platform points the harness at the bridge to the capture proxy"),
+    ("model.model_kwargs.api_key", "the platform injects a credential scoped to this attempt"),
+    ("model.model_kwargs.extra_headers", "model calls carry the platform's correlation header"),
+    ("agent.output_path", "the platform keeps the trajectory where it collects artifacts"),
+    ("agent.mode", "the platform runs mini-swe-agent headless (yolo)"),
+    ("agent.confirm_exit", "the platform runs mini-swe-agent headless: it exits when the agent submits"),
+    ("run.task", "the platform delivers the instruction as --task"),
+)
+_MINI_SWE_AGENT_CONFIG = ("-c", "--config")
+
+
+def _mini_swe_agent_config_specs(args: tuple[str, ...]) -> list[tuple[int, str]]:
+    """(index in args, spec) of every ``-c SPEC`` / ``--config SPEC`` / ``--config=SPEC``."""
+    specs = []
+    for i, arg in enumerate(args):
+        if arg in _MINI_SWE_AGENT_CONFIG and i + 1 < len(args):
+            specs.append((i + 1, args[i + 1]))
+        elif arg.startswith("--config="):
+            specs.append((i, arg[len("--config=") :]))
+    return specs
+
+
+def _mini_swe_agent_argv(request: ArgvRequest) -> list[str]:
+    """``python -I -m minisweagent.run.mini`` headless, configured for the bridge.
+
+    The recipe's args come between the platform's flags and its closing ``-c`` specs: they
+    may choose mini-swe-agent's config files (``-c mini_textbased.yaml``; without any ``-c``
+    the platform passes mini's own default, ``-c mini.yaml``, exactly as ``mini`` does) and
+    any key of them, except the ones the platform sets, which it passes last so they win.
+    """
+    if request.via != "argument":
+        raise LaunchError(
+            "engine mini-swe-agent takes the instruction on its command line (--task): instruction.via must be "
+            f"'argument', not {request.via!r}",
+            field="instruction.via",
+        )
+    model = request.model
+    if model is None:
+        raise LaunchError("engine 'mini-swe-agent' needs a model binding", field="bindings.model")
+    for i, arg in enumerate(request.args):
+        for flag, why in _MINI_SWE_AGENT_FLAGS:
+            if arg == flag or (flag.startswith("--") and arg.startswith(flag + "=")):
+                raise LaunchError(
+                    f"args[{i}] ({arg!r}) is set by the platform for engine mini-swe-agent: {why}", field=f"args[{i}]"
+                )
+    specs = _mini_swe_agent_config_specs(request.args)
+    for i, spec in specs:
+        key = spec.partition("=")[0].strip() if "=" in spec else ""
+        for reserved, why in _MINI_SWE_AGENT_KEYS:
+            # A parent key (model.model_kwargs={...}) is merged, not replaced, and the
+            # platform's specs come last: only the key itself (or below it) is refused.
+            if key == reserved or key.startswith(reserved + "."):
+                raise LaunchError(
+                    f"args[{i}] ({spec!r}) sets {reserved}, which the platform sets for engine mini-swe-agent: {why}",
+                    field=f"args[{i}]",
+                )
+    argv = [*MINI_SWE_AGENT_ARGV, "--model", f"openai/{model.name}", "--output", str(request.transcript_path)]
+    if not specs:
+        argv += ["-c", "mini.yaml"]
+    argv += request.args
+    argv += [
+        # litellm's OpenAI provider sends the bare route name (the prefix only picks the provider).
+        "-c",
+        f"model.model_kwargs.api_base={model.base_url.rstrip('/')}/v1",
+        "-c",
+        "model.model_kwargs.extra_headers=" + json.dumps({TRIAL_HEADER: request.trial_id}),
+        # Routes have no price in litellm's map: a call's cost is 0 rather than an error.
+        "-c",
+        "model.cost_tracking=ignore_errors",
+        "--task",  # the launcher appends the instruction
+    ]
+    return argv
+
+
+def _mini_swe_agent_env(request: HarnessRequest) -> dict[str, str]:
+    env = {
+        # No first-run set-up prompt, no banner; its global config dir (a .env it would load,
+        # the last run's trajectory) with the agent's logs rather than in the task's $HOME.
+        "MSWEA_CONFIGURED": "true",
+        "MSWEA_SILENT_STARTUP": "1",
+        "MSWEA_GLOBAL_CONFIG_DIR": f"{request.logs_dir}/mini-swe-agent",
+        # litellm fetches its model cost map and other catalogs from the network at import
+        # unless told to use its bundled copies; the sandbox has no network but the bridge.
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_OFFLINE_MODE": "true",
+    }
+    if request.credential:
+        env["OPENAI_API_KEY"] = CREDENTIAL_MARKER  # litellm's OpenAI provider reads it
+    return env
+
+
 def _command_argv(request: ArgvRequest) -> list[str]:
     return [*request.command, *request.args]
 
@@ -312,6 +457,16 @@ _REGISTRY = (
         host_binary=CODEX_BINARY,
         harness_env=_codex_env,
         harness_files=_codex_files,
+    ),
+    Engine(
+        name="mini-swe-agent",
+        model="required",
+        runner="argv",
+        argv=_mini_swe_agent_argv,
+        transcript="mini-swe-agent.traj.json",
+        platform_args=_MINI_SWE_AGENT_FLAGS,
+        harness_tree=MINI_SWE_AGENT_TREE,
+        harness_env=_mini_swe_agent_env,
     ),
     Engine(name="command", model="optional", runner="argv", argv=_command_argv, recipe_command=True),
     Engine(

@@ -72,7 +72,7 @@ _SETUP_GRACE_SEC = 120.0
 
 # Directories a harness writes its own state into (sessions, settings, SQLite): made before
 # the uploads and owned by the agent's user.
-STATE_DIR_ENV = ("CLAUDE_CONFIG_DIR", "CODEX_HOME")
+STATE_DIR_ENV = ("CLAUDE_CONFIG_DIR", "CODEX_HOME", "MSWEA_GLOBAL_CONFIG_DIR")
 
 
 class RequiredOutputMissing(RuntimeError):

@@ -26,8 +26,9 @@ autoupdater, ``CLAUDE_CONFIG_DIR`` under /logs/agent). They are given to every
 engine that uses a model, not only claude-code, so a ``command`` recipe that runs an
 Anthropic client or wraps ``claude`` itself is routed through the proxy the same way.
 An engine may add its own (the registry's ``harness_env``: for codex ``CODEX_HOME`` and the
-variable its config names for the credential) and configuration files the launcher writes
-into the plan (``harness_files``: Codex's ``config.toml``), which a recipe cannot replace.
+variable its config names for the credential; for mini-swe-agent ``OPENAI_API_KEY`` = the
+credential and its offline switches) and configuration files the launcher writes into the
+plan (``harness_files``: Codex's ``config.toml``), which a recipe cannot replace.
 
 Pure Python, no Django: the recipe is checked with synth_launcher.recipe first.
 """
@@ -197,6 +198,11 @@ def _bindings_check(bindings: Bindings) -> None:
     if bindings.credential is not None and not _HEADER_SAFE.fullmatch(bindings.credential):
         # Never echo the value: it is a secret.
         raise LaunchError("the credential must be non-empty visible ASCII", field="bindings.credential")
+
+
+def _engine_request(*, bindings: Bindings, logs_dir: str, **parts: Any) -> ArgvRequest:
+    """What an engine's argv builder is told about this launch."""
+    return ArgvRequest(model=bindings.model, trial_id=bindings.attempt.trial_id, logs_dir=logs_dir, **parts)
 
 
 def _platform_env(*, engine: Engine, bindings: Bindings, logs_dir: str) -> dict[str, str]:
@@ -373,8 +379,14 @@ def _plan_build(*, recipe: dict[str, Any], bindings: Bindings, logs_dir: str) ->
         for i, c in enumerate(recipe["command"] if engine.recipe_command else ())
     )
     argv = engine.argv(
-        ArgvRequest(
-            args=args, via=via, instruction_path=instruction_path, transcript_path=transcript_path, command=command
+        _engine_request(
+            bindings=bindings,
+            logs_dir=logs_dir,
+            args=args,
+            via=via,
+            instruction_path=instruction_path,
+            transcript_path=transcript_path,
+            command=command,
         )
     )
     if via == "argument":

@@ -24,8 +24,9 @@ CREDENTIAL_MARKER = "${credential}"
 AGENT_LOGS_DIR = "/logs/agent"
 ARTIFACT_OUTPUTS_DIR = "/logs/artifacts/outputs"
 DEFAULT_SETUP_TIMEOUT_SEC = 600.0
-# The correlation header a harness adds to every model call (Claude Code through
-# ANTHROPIC_CUSTOM_HEADERS, Codex through its provider's http_headers), so the proxy can
+# The correlation header every model call carries (Claude Code through
+# ANTHROPIC_CUSTOM_HEADERS, Codex through its provider's http_headers, mini-swe-agent
+# through litellm's extra_headers), so the proxy can
 # attribute a call to its trial even before it checks the credential.
 TRIAL_HEADER = "x-synth-trial"
 

@@ -154,6 +154,9 @@ RESERVED_ARGS: dict[str, tuple[tuple[str, str], ...]] = {
     "claude-code": _HARNESS_FLAGS + ENGINES["claude-code"].platform_args,
     "synth-mini": _HARNESS_FLAGS + ENGINES["synth-mini"].platform_args,
     "codex": _CODEX_FLAGS + ENGINES["codex"].platform_args,
+    # mini-swe-agent's own flags that its argv builder sets; its config keys (``-c key=value``)
+    # that the platform sets are refused by the argv builder, which sees the pairs.
+    "mini-swe-agent": ENGINES["mini-swe-agent"].platform_args,
 }
 
 # Per engine, files (relative to the working directory, normalised) the harness reads

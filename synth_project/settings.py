@@ -467,6 +467,9 @@ SYNTH_CODEX_SANDBOX_BIN = os.environ.get("SYNTH_CODEX_SANDBOX_BIN") or str(
     / "bin"
     / "codex"
 )
+# The Python harnesses' virtual environments (one per engine, e.g. mini-swe-agent), built by
+# deploy/harnesses.sh from their hash-pinned locks and bound read-only into local sandboxes.
+SYNTH_HARNESSES_DIR = Path(os.environ.get("SYNTH_HARNESSES_DIR") or BASE_DIR / ".harnesses")
 
 # TRAINING
 # ------------------------------------------------------------------------------

@@ -14,11 +14,13 @@ What the recipe's engine needs (whether it uses a model, which host executable i
 have, its deadlines) comes from the launcher (``launch_needs``, the engine registry), not
 from reading the recipe here. The launcher gets ``ModelBinding(name=<route>,
 base_url=http://127.0.0.1:<port>)`` and the secret (``Bindings.credential``); the sandbox gets
-``model_socket`` (the bridge from its own 127.0.0.1:<port> to the proxy's Unix socket), and
-the harness executables that are installed (the engine registry's ``HOST_BINARIES``: Claude
+``model_socket`` (the bridge from its own 127.0.0.1:<port> to the proxy's Unix socket), the
+harness executables that are installed (the engine registry's ``HOST_BINARIES``: Claude
 Code at ``/synth/bin/claude``, Codex at ``/synth/bin/codex``) bound read-only with
-``/synth/bin`` first on PATH; the engine's own is required. When the trial ends, however it
-ends, the worker revokes the credential (:func:`model_access_close`).
+``/synth/bin`` first on PATH (the engine's own is required), and the engine's harness tree
+if it has one (mini-swe-agent's venv at ``/synth/mini-swe-agent``, apps.trials.harnesses),
+bound read-only off PATH. When the trial ends, however it ends, the worker revokes the
+credential (:func:`model_access_close`).
 
 A failure here (unknown route, an unresolved checkpoint binding, no bridge, proxy down, the
 engine's harness not installed) is a :class:`ModelAccessError`: the trial fails with its
@@ -77,6 +79,7 @@ class ModelAccess:
     port: int
     # (host path, path inside the sandbox) of each harness executable to bind read-only.
     binds: tuple[tuple[Path, str], ...] = ()
+    harness_binds: tuple[str, ...] = ()  # "host:target" of the engine's harness tree (apps.trials.harnesses)
 
 
 # ---------------------------------------------------------------- reads
@@ -317,6 +320,14 @@ def model_access_open(
             f"`uvicorn synth_project.proxy_asgi:application --uds {proxy_socket}`"
         )
     binds = host_binaries_bind(required=engine.host_binary)
+    harness_binds: tuple[str, ...] = ()
+    if engine.harness_tree is not None:
+        from apps.trials.harnesses import HarnessUnavailable, harness_tree_resolve
+
+        try:
+            harness_binds = (f"{harness_tree_resolve(tree=engine.harness_tree)}:{engine.harness_tree.target}",)
+        except HarnessUnavailable as exc:
+            raise ModelAccessError(str(exc)) from None
     port = int(settings.SYNTH_SANDBOX_MODEL_PORT)
     cred, secret = model_credential_issue(
         org=trial.run.org,
@@ -334,6 +345,7 @@ def model_access_open(
         socket=proxy_socket,
         port=port,
         binds=binds,
+        harness_binds=harness_binds,
     )
 
 
@@ -353,7 +365,10 @@ def sandbox_model_options(*, access: ModelAccess) -> tuple[dict[str, Any], dict[
         "model_max_connections": settings.SYNTH_SANDBOX_MODEL_MAX_CONNECTIONS,
     }
     env: dict[str, str] = {}
+    binds = list(access.harness_binds)  # off PATH: a harness's python must not shadow the task's
     if access.binds:
-        kwargs["extra_ro_binds"] = [f"{host}:{target}" for host, target in access.binds]
+        binds += [f"{host}:{target}" for host, target in access.binds]
         env["PATH"] = f"{SANDBOX_BIN_DIR}:{SANDBOX_PATH}"
+    if binds:
+        kwargs["extra_ro_binds"] = binds
     return kwargs, env

@@ -13,6 +13,10 @@ from django.conf import settings
 from apps.objects.services import object_put
 from apps.runs.models import Artifact, Trial
 from synth_common.canonical import canonical_bytes
+from synth_launcher.engines import ENGINES
+
+# The engines' transcripts by file name (JSON Lines ones are recognised by their suffix too).
+_TRANSCRIPTS = frozenset(engine.transcript for engine in ENGINES.values() if engine.transcript)
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +70,6 @@ def _artifact_kind(name: str) -> str:
         return "output"
     if name.startswith("artifacts/workdir/"):
         return "work"
-    if name.endswith((".jsonl",)) and top == "agent":
+    if top == "agent" and (name.endswith(".jsonl") or name.removeprefix("agent/") in _TRANSCRIPTS):
         return "transcript"
     return {"agent": "agent", "verifier": "verifier", "artifacts": "artifact"}.get(top, "trial")

@@ -95,7 +95,9 @@ def test_a_train_run_on_codex_attempts_takes_an_update_step(stack, alice, tmp_pa
         "save_every": 1,
         "max_concurrency": 2,
     }
-    run_id = submit(alice, kind="train", dataset=dataset.reference, actor=publish(alice, "codex", CODEX_RECIPE), plan=plan)
+    run_id = submit(
+        alice, kind="train", dataset=dataset.reference, actor=publish(alice, "codex", CODEX_RECIPE), plan=plan
+    )
     run = wait_for(
         lambda: (r := Run.objects.get(pk=run_id)).is_terminal and r, timeout=600, what="the train run", stack=stack
     )

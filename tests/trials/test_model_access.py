@@ -3,6 +3,8 @@ sandbox options, and the worker's use of them (issued before the sandbox, revoke
 
 from __future__ import annotations
 
+import hashlib
+import shutil
 import socket
 import tempfile
 import textwrap
@@ -292,7 +294,7 @@ def test_sandbox_options_bridge_the_proxy_and_put_claude_on_path(tmp_path, setti
 
     settings.SYNTH_SANDBOX_MODEL_MAX_CONNECTIONS = 7
     binds = ((Path("/host/claude"), SANDBOX_CLAUDE), (Path("/host/codex"), CODEX_BINARY.target))
-    access = SimpleNamespace(socket=tmp_path / "p.sock", port=18123, binds=binds)
+    access = SimpleNamespace(socket=tmp_path / "p.sock", port=18123, binds=binds, harness_binds=())
     kwargs, env = sandbox_model_options(access=access)
     assert kwargs == {
         "model_socket": str(tmp_path / "p.sock"),
@@ -301,8 +303,75 @@ def test_sandbox_options_bridge_the_proxy_and_put_claude_on_path(tmp_path, setti
         "extra_ro_binds": [f"/host/claude:{SANDBOX_CLAUDE}", "/host/codex:/synth/bin/codex"],
     }
     assert env == {"PATH": f"/synth/bin:{SANDBOX_PATH}"}
-    kwargs, env = sandbox_model_options(access=SimpleNamespace(socket=tmp_path / "p.sock", port=1, binds=()))
+    bare = SimpleNamespace(socket=tmp_path / "p.sock", port=1, binds=(), harness_binds=())
+    kwargs, env = sandbox_model_options(access=bare)
     assert "extra_ro_binds" not in kwargs and env == {}
+    # A harness tree is bound but stays off PATH: its python must not shadow the task's.
+    tree = SimpleNamespace(socket=tmp_path / "p.sock", port=1, binds=(), harness_binds=("/h/msa:/synth/msa",))
+    kwargs, env = sandbox_model_options(access=tree)
+    assert kwargs["extra_ro_binds"] == ["/h/msa:/synth/msa"] and env == {}
+
+
+MINI_SWE_AGENT_RECIPE = {
+    "model": {"route": ROUTE},
+    "engine": {"name": "mini-swe-agent", "version": "2.4.6"},
+    "limits": {"timeout_sec": 60},
+}
+
+
+def _fake_tree(root: Path, *, interpreter: str, lock: bytes) -> Path:
+    home = root / "mini-swe-agent"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "python").symlink_to(interpreter)
+    (home / ".lock.sha256").write_text(hashlib.sha256(lock).hexdigest() + f"-{interpreter}\n")
+    for directory in (root, home, home / "bin"):
+        directory.chmod(0o755)
+    return home
+
+
+@pytest.mark.django_db
+def test_mini_swe_agent_gets_its_checked_venv_bound(alice, tmp_path, route, proxy_socket, no_broker, settings):
+    from apps.trials.harnesses import LOCKS_DIR
+
+    lock = (LOCKS_DIR / "mini-swe-agent.txt").read_bytes()
+    trial = _trial(alice, tmp_path, MINI_SWE_AGENT_RECIPE)
+    settings.SYNTH_HARNESSES_DIR = tmp_path / "none"
+    with pytest.raises(ModelAccessError, match=r"mini-swe-agent is not installed .*deploy/harnesses.sh"):
+        model_access_open(trial=trial, recipe=MINI_SWE_AGENT_RECIPE)
+    stale = tmp_path / "stale"
+    _fake_tree(stale, interpreter="/usr/bin/python3", lock=b"another lock")
+    settings.SYNTH_HARNESSES_DIR = stale
+    with pytest.raises(ModelAccessError, match="built from another lock"):
+        model_access_open(trial=trial, recipe=MINI_SWE_AGENT_RECIPE)
+    hidden = tmp_path / "hidden"
+    outside = tmp_path / "py" / "python3"  # not under /usr or /opt: absent in the sandbox
+    outside.parent.mkdir()
+    outside.write_text("")
+    _fake_tree(hidden, interpreter=str(outside), lock=lock)
+    settings.SYNTH_HARNESSES_DIR = hidden
+    with pytest.raises(ModelAccessError, match="not visible in the sandbox"):
+        model_access_open(trial=trial, recipe=MINI_SWE_AGENT_RECIPE)
+    assert not ModelCredential.objects.exists()
+
+    private = tmp_path / "private"  # pytest's tmp_path is in a directory of mode 0700
+    _fake_tree(private, interpreter="/usr/bin/python3", lock=lock)
+    settings.SYNTH_HARNESSES_DIR = private
+    with pytest.raises(ModelAccessError, match="is not readable by other users"):
+        model_access_open(trial=trial, recipe=MINI_SWE_AGENT_RECIPE)
+    assert not ModelCredential.objects.exists()
+
+    good = Path(tempfile.mkdtemp(prefix="synth-msa-tree-", dir="/tmp"))
+    home = _fake_tree(good, interpreter="/usr/bin/python3", lock=lock)
+    settings.SYNTH_HARNESSES_DIR = good
+    try:
+        access = model_access_open(trial=trial, recipe=MINI_SWE_AGENT_RECIPE)
+    finally:
+        shutil.rmtree(good)
+    assert access is not None and access.harness_binds == (f"{home.resolve()}:/synth/mini-swe-agent",)
+    kwargs, env = sandbox_model_options(access=access)
+    assert f"{home.resolve()}:/synth/mini-swe-agent" in kwargs["extra_ro_binds"]
+    # Engines without a harness tree bind none.
+    assert model_access_open(trial=trial, recipe=COMMAND_RECIPE).harness_binds == ()
 
 
 # ---------------------------------------------------------------- the worker

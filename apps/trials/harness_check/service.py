@@ -46,6 +46,7 @@ from apps.proxy.models import HarnessCheck, Interaction
 from apps.proxy.samplers import harness_script as script
 from apps.trials.harness_check.analysis import Call, rerender_check, shapes_summary, tool_round_trip
 from apps.trials.harness_check.identity import HarnessIdentity, HarnessUnavailable, harness_identity
+from synth_launcher.engines import CLAUDE_CODE_BINARY
 
 ROUTE = "harness-check-qwen3"
 CHECK_ORG = "harness-check"
@@ -200,7 +201,7 @@ def _attempt(
         secret=secret,
         socket=socket_path,
         port=port,
-        claude=claude,
+        binds=((claude, CLAUDE_CODE_BINARY.target),) if claude is not None else (),
     )
     harbor_task = HarborTask(task_dir)
     bindings = Bindings(
