@@ -202,18 +202,16 @@ def _openai_adapter_config(*, route: ModelRoute, config: dict[str, Any], snapsho
     idle = float(config.get("adapter_idle_seconds", settings.SYNTH_PROXY_LORA_IDLE_SECONDS))
     # An unpacked adapter stays while the server may still read it (vLLM re-reads the files
     # of an adapter it evicted from its own cache): well past the idle time that unloads it.
-    package_materialize(
+    directory = package_materialize(
         sha256=digest,
         cache_dir=Path(root),
         keep=settings.SYNTH_WEIGHTS_CACHE_KEEP,
         prune_idle_seconds=max(600.0, 2 * idle),
     )
-    server_root = config.get("adapter_server_root") or root
-    return {
-        **config,
-        "lora_name": lora_name_for(sha256=digest),
-        "lora_path": f"{str(server_root).rstrip('/')}/{digest}",
-    }
+    server_root = config.get("adapter_server_root")
+    # Absolute either way: the server resolves a relative path against its own directory.
+    path = f"{str(server_root).rstrip('/')}/{digest}" if server_root else str(directory.resolve())
+    return {**config, "lora_name": lora_name_for(sha256=digest), "lora_path": path}
 
 
 def _sampler_for(route: ModelRoute, snapshot: str) -> Sampler:
