@@ -47,7 +47,7 @@ def _task(root: Path) -> Path:
         textwrap.dedent("""\
         version = "1.0"
         [agent]
-        timeout_sec = 120.0
+        timeout_sec = 600.0
         [verifier]
         timeout_sec = 30.0
         [environment]
@@ -108,7 +108,7 @@ def test_mini_swe_agent_runs_a_task_through_the_proxy(stack, alice, tmp_path, pr
     assert resp.status_code == 201, resp.content
     run_id = resp.json()["id"]
     run = wait_for(
-        lambda: (r := Run.objects.get(pk=run_id)).is_terminal and r, timeout=180, what=f"run {run_id}", stack=stack
+        lambda: (r := Run.objects.get(pk=run_id)).is_terminal and r, timeout=600, what=f"run {run_id}", stack=stack
     )
     finished = time.monotonic()
     trial = Trial.objects.get(run_id=run_id)
