@@ -29,6 +29,7 @@ import gzip
 import json
 import os
 import shutil
+import socketserver
 import subprocess
 import sys
 import tempfile
@@ -68,6 +69,7 @@ _SAFE_HEADERS = {
     "x-openai-subagent",
     "x-codex-window-id",
     "x-codex-installation-id",
+    "x-synth-trial",
 }
 
 
@@ -172,8 +174,9 @@ def response_events(*, body: dict[str, Any], number: int) -> list[dict[str, Any]
 
 
 class Recorder:
-    def __init__(self, *, out: Path) -> None:
+    def __init__(self, *, out: Path, credential: str = CREDENTIAL) -> None:
         self.out = out
+        self.credential = credential
         self.lock = threading.Lock()
         self.count = 0
         self.responses = 0
@@ -195,14 +198,21 @@ class Recorder:
         }
         if "authorization" in headers:
             scheme, _, token = headers["authorization"].partition(" ")
-            kept["authorization"] = f"{scheme} <{'the env_key credential' if token == CREDENTIAL else 'other'}>"
+            kept["authorization"] = f"{scheme} <{'the env_key credential' if token == self.credential else 'other'}>"
         safe = path.replace("/", "_").strip("_") or "root"
         record = {"number": number, "method": method, "path": path, "headers": kept, "body": parsed}
         (self.out / f"{number:02d}-{method}-{safe}.json").write_text(json.dumps(record, indent=2) + "\n")
         return number, parsed
 
 
-def serve(*, port: int, recorder: Recorder) -> ThreadingHTTPServer:
+class _UnixHTTPServer(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+
+
+def serve(*, port: int = 0, recorder: Recorder, uds: Path | None = None) -> socketserver.BaseServer:
+    """The recording server on 127.0.0.1:``port`` (0: any free port), or on the Unix socket
+    ``uds`` (where a sandbox's model bridge forwards to), in a background thread."""
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -238,7 +248,11 @@ def serve(*, port: int, recorder: Recorder) -> ThreadingHTTPServer:
         def log_message(self, format: str, *args: Any) -> None:
             return
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server: socketserver.BaseServer
+    if uds is not None:
+        server = _UnixHTTPServer(str(uds), Handler)
+    else:
+        server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
