@@ -18,7 +18,7 @@ from apps.core.errors import error_body, error_type_for_status
 from apps.proxy.errors import ProxyError, error_payload, new_request_id
 from apps.proxy.errors import error_type_for_status as proxy_error_type
 from apps.proxy.openai.errors import error_response as openai_error_response
-from apps.proxy.openai.views import API_FAMILIES
+from apps.proxy.openai.views import is_api_family
 
 ADMIN_PREFIX = "/admin/"
 
@@ -28,7 +28,7 @@ def is_proxy_path(path: str) -> bool:
 
 
 def is_openai_path(path: str) -> bool:
-    return path.startswith("/v1/") and path[4:].split("/", 1)[0] in API_FAMILIES
+    return path.startswith("/v1/") and is_api_family(path[4:])
 
 
 def is_admin_path(path: str) -> bool:

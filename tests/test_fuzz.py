@@ -36,6 +36,7 @@ from apps.runs.leases import lease_claim
 from apps.runs.models import Run, RunStatus
 from apps.runs.plans import PLAN_SCHEMAS
 from apps.runs.services import run_schedule
+from synth_project.errors import is_openai_path
 from tests.conftest import make_member
 from tests.factories import make_dataset_version, make_profile_version
 from tests.proxy.conftest import _isolate, make_route, qwen3_tokenizer  # noqa: F401 - fixtures
@@ -191,6 +192,12 @@ VALID_MESSAGE = {
     "messages": [{"role": "user", "content": "hi"}],
     "tools": [{"name": "Bash", "input_schema": {"type": "object"}}],
 }
+VALID_CHAT = {
+    "model": "qwen3-test",
+    "max_tokens": 8,
+    "messages": [{"role": "user", "content": "hi"}],
+    "tools": [{"type": "function", "function": {"name": "Bash", "parameters": {"type": "object"}}}],
+}
 VALID_RECIPE = {
     "engine": {"name": "command", "version": "1"},
     "command": ["sh", "-c", "echo ${task.name}"],
@@ -241,6 +248,7 @@ def world(settings) -> dict[str, Any]:
                 "/api/profiles/{name}/versions": VALID_RECIPE,
                 "/v1/messages": VALID_MESSAGE,
                 "/v1/messages/count_tokens": {k: v for k, v in VALID_MESSAGE.items() if k != "max_tokens"},
+                "/v1/chat/completions": VALID_CHAT,
             },
         }
     )
@@ -339,6 +347,11 @@ def _shape_ok(path: str, status: int, content: bytes) -> bool:
         body = json.loads(content)
     except ValueError:
         return False
+    if is_openai_path(path):  # OpenAI's API paths answer in OpenAI's shape
+        return set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    if path.startswith("/v1/models"):  # the views add OpenAI's param and code: both SDKs read it
+        keys = set(body.get("error", {}))
+        return body.get("type") == "error" and keys in ({"type", "message"}, {"type", "message", "param", "code"})
     if path.startswith("/v1"):
         return body.get("type") == "error" and set(body.get("error", {})) == {"type", "message"}
     return set(body.get("error", {})) == {"type", "message", "field"}

@@ -33,6 +33,7 @@ from apps.proxy.exchange import (
     routes_current,
 )
 from apps.proxy.openai import errors as openai_errors
+from apps.proxy.openai import views as openai_views
 from apps.proxy.protocol import MESSAGES
 from apps.proxy.routes import routes_for_caller
 
@@ -141,5 +142,7 @@ async def model_detail_view(request: HttpRequest, model_id: str) -> HttpResponse
 
 @csrf_exempt
 async def not_found_view(request: HttpRequest, path: str = "") -> HttpResponse:
-    """Any other /v1 path: Anthropic's 404 shape, not Django's page."""
+    """Any other /v1 path: Anthropic's 404 shape (OpenAI's under its API paths), not Django's page."""
+    if openai_views.is_api_family(path):
+        return openai_views.not_found(request, path)
     return error_response(NotFound(f"{request.method} /v1/{path} does not exist"), request_id=new_request_id())

@@ -67,19 +67,19 @@ def _text_parts(value: Any, path: str, *, allowed: tuple[str, ...] = ("text",)) 
         return [{"type": "text", "text": value}]
     if not isinstance(value, list):
         raise _fail(path, "Input should be a string or a list of content parts")
-    blocks = []
-    for i, part in enumerate(value):
-        where = f"{path}.{i}"
-        if not isinstance(part, dict):
-            raise _fail(where, "Input should be an object")
-        kind = part.get("type")
-        if kind not in allowed:
-            raise _fail(f"{where}.type", f"Input should be one of {', '.join(repr(a) for a in allowed)}")
-        key = "refusal" if kind == "refusal" else "text"
-        if not isinstance(part.get(key), str):
-            raise _fail(f"{where}.{key}", "Input should be a valid string")
-        blocks.append({"type": "text", "text": part[key]})
-    return blocks
+    return [_text_part(part, f"{path}.{i}", allowed=allowed) for i, part in enumerate(value)]
+
+
+def _text_part(part: Any, where: str, *, allowed: tuple[str, ...] = ("text",)) -> dict[str, Any]:
+    if not isinstance(part, dict):
+        raise _fail(where, "Input should be an object")
+    kind = part.get("type")
+    if kind not in allowed:
+        raise _fail(f"{where}.type", f"Input should be one of {', '.join(repr(a) for a in allowed)}")
+    key = "refusal" if kind == "refusal" else "text"
+    if not isinstance(part.get(key), str):
+        raise _fail(f"{where}.{key}", "Input should be a valid string")
+    return {"type": "text", "text": part[key]}
 
 
 def _image(part: dict[str, Any], path: str) -> dict[str, Any]:
@@ -111,7 +111,7 @@ def _user_content(value: Any, path: str) -> list[dict[str, Any]]:
         elif isinstance(part, dict) and part.get("type") in ("input_audio", "file"):
             raise _fail(f"{where}.type", f"{part['type']} content is not supported by this model")
         else:
-            blocks.extend(_text_parts([part], path)[:1] if not isinstance(part, dict) else _text_parts([part], where))
+            blocks.append(_text_part(part, where))
     return blocks
 
 

@@ -38,7 +38,11 @@ API_FAMILIES = (
     "uploads",
     "vector_stores",
 )
-API_FAMILIES_PATTERN = r"^(?P<path>(?:" + "|".join(API_FAMILIES) + r")(?:/.*)?)$"
+
+
+def is_api_family(path: str) -> bool:
+    """True for a path under /v1/ (given without it) in one of OpenAI's API families."""
+    return path.split("/", 1)[0] in API_FAMILIES
 
 
 @csrf_exempt
@@ -46,8 +50,7 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
     return await model_call(request, protocol=CHAT)
 
 
-@csrf_exempt
-async def not_found_view(request: HttpRequest, path: str = "") -> HttpResponse:
+def not_found(request: HttpRequest, path: str) -> HttpResponse:
     return error_response(
         url_not_found(method=request.method or "GET", path=f"/v1/{path}"), request_id=new_request_id()
     )
