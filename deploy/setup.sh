@@ -40,17 +40,17 @@ if ! { command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null
     || echo "setup: could not install chromium and chromium-driver; the browser tests will fail" >&2
 fi
 
-# Claude Code, pinned in package.json / package-lock.json: node_modules/.bin/claude is bound
-# read-only into local sandboxes (apps/trials/model_access.py). Needs node + npm; reinstalled
-# only when the lock file changes.
+# Claude Code and Codex, pinned in package.json / package-lock.json: node_modules/.bin/claude
+# and Codex's native executable are bound read-only into local sandboxes
+# (apps/trials/model_access.py). Needs node + npm; reinstalled only when the lock file changes.
 if command -v npm >/dev/null 2>&1; then
   npm_stamp=node_modules/.package-lock.sha256
   npm_want=$(sha256sum package-lock.json | cut -d' ' -f1)
-  if [ ! -x node_modules/.bin/claude ] || [ "$(cat "$npm_stamp" 2>/dev/null)" != "$npm_want" ]; then
+  if [ ! -x node_modules/.bin/claude ] || [ ! -x node_modules/.bin/codex ] || [ "$(cat "$npm_stamp" 2>/dev/null)" != "$npm_want" ]; then
     npm ci --no-audit --no-fund --loglevel=error \
       && echo "$npm_want" > "$npm_stamp" \
-      || echo "setup: npm ci failed; agents with engine claude-code will not run in local sandboxes" >&2
+      || echo "setup: npm ci failed; agents with engines claude-code and codex will not run in local sandboxes" >&2
   fi
 else
-  echo "setup: node/npm not found; agents with engine claude-code will not run in local sandboxes" >&2
+  echo "setup: node/npm not found; agents with engines claude-code and codex will not run in local sandboxes" >&2
 fi

@@ -89,8 +89,13 @@ def claude_bin() -> str | None:
     return _env_text("SYNTH_CLAUDE_BIN")
 
 
+def codex_bin() -> str | None:
+    """SYNTH_CODEX_BIN: the Codex executable `synth codex` runs."""
+    return _env_text("SYNTH_CODEX_BIN")
+
+
 def proxy_url() -> str | None:
-    """SYNTH_PROXY_URL: where `synth claude` reaches the model proxy, instead of the address
+    """SYNTH_PROXY_URL: where `synth claude` and `synth codex` reach the model proxy, instead of the address
     the server names (e.g. through a tunnel)."""
     raw = _env_text("SYNTH_PROXY_URL")
     return url_normalize(raw) if raw else None

@@ -1,4 +1,4 @@
-"""The `synth` command: the app tree, `synth login`, `synth agent run` and `synth claude`."""
+"""The `synth` command: the app tree, `synth login`, `synth agent run`, `synth claude` and `synth codex`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from synth_cli.browse import (
     trial_app,
 )
 from synth_cli.cli import JsonOpt, SynthTyper, api_open
-from synth_cli.config import Settings, claude_bin, config_read, config_write, proxy_url, url_normalize
+from synth_cli.config import Settings, claude_bin, codex_bin, config_read, config_write, proxy_url, url_normalize
 from synth_cli.datasets import dataset_app
 from synth_cli.errors import ApiError, CliError
 from synth_cli.http import Api
@@ -231,9 +231,61 @@ def claude_command(
     os.execvpe(binary, [binary, *(claude_args or [])], env)
 
 
+@app.command(
+    "codex",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def codex_command(
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model", metavar="BASE|CHECKPOINT", help="A model route (default: qwen3-8b) or a checkpoint id."
+        ),
+    ] = None,
+    ttl: Annotated[int, typer.Option("--ttl", help="Seconds the session's model credential lives.")] = 12 * 3600,
+    codex_args: Annotated[
+        list[str] | None, typer.Argument(metavar="CODEX_ARGS", help="Passed to codex unchanged.")
+    ] = None,
+) -> None:
+    """Run the installed Codex CLI against a Synth model, interactive or `exec`, with its own
+    tools, approvals and sandbox.
+
+    Asks the server for a short-lived credential scoped to that model (never hands over
+    your API token), checks that the model proxy the server names answers (its TCP
+    listener; $SYNTH_PROXY_URL overrides the address), and writes a private CODEX_HOME
+    (${SYNTH_CONFIG_DIR:-~/.config/synth}/codex) whose config.toml names the proxy as a
+    Responses provider, the route as the model and the variable holding the credential.
+    The codex binary: $SYNTH_CODEX_BIN, else `codex` on PATH, else node_modules/.bin/codex
+    of the current directory.
+
+    Example: synth codex --model qwen3-8b -- exec "fix the failing test"
+    """
+    import os
+    import shutil
+
+    from synth_cli.codex_session import CREDENTIAL_ENV, session_home_write
+
+    with api_open() as api:
+        issued = api.post("/api/model-credentials", json={"model": model or "qwen3-8b", "ttl_sec": ttl})
+    binary = codex_bin() or shutil.which("codex")
+    if not binary and Path("node_modules/.bin/codex").exists():
+        binary = str(Path("node_modules/.bin/codex").resolve())
+    if not binary:
+        raise CliError("Codex is not installed: npm install @openai/codex (or set SYNTH_CODEX_BIN)")
+    base_url = proxy_url() or url_normalize(issued["base_url"])
+    _proxy_check(base_url)
+    home = session_home_write(base_url=base_url, route=issued["route"])
+    # Neither the operator's API token nor an OpenAI key or endpoint reaches Codex.
+    dropped = ("SYNTH_TOKEN", "OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_API_KEY")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
+    env.update({"CODEX_HOME": str(home), CREDENTIAL_ENV: issued["credential"]})
+    # Replace this process: signals, the terminal and the exit code belong to Codex.
+    os.execvpe(binary, [binary, *(codex_args or [])], env)
+
+
 def _proxy_check(base_url: str) -> None:
-    """Fail now, with the address, when the model proxy does not answer: Claude Code would
-    retry for minutes before saying why."""
+    """Fail now, with the address, when the model proxy does not answer: Claude Code and
+    Codex would retry for minutes before saying why."""
     import httpx
 
     from synth_cli.http import transport_reason

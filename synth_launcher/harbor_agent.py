@@ -20,8 +20,8 @@ uploaded, then each setup command runs in the working directory with its own dea
 oracle is Harbor's OracleAgent (the task's solution is uploaded to /solution and solve.sh
 runs), nop does nothing, any other engine runs the plan's argv in the working directory with
 the plan's env; stdout+stderr go to /logs/agent/<engine>.txt (unless the engine's stdout is
-its transcript: claude-code's goes to /logs/agent/claude-code.jsonl; synth-mini writes its
-own, /logs/agent/synth-mini.jsonl), the exit code to
+its transcript: claude-code's goes to /logs/agent/claude-code.jsonl, codex's to
+/logs/agent/codex.jsonl; synth-mini writes its own, /logs/agent/synth-mini.jsonl), the exit code to
 /logs/agent/exit-code.txt. A non-zero exit is recorded, not raised (verification decides
 the reward) unless the plan says so. Then the required outputs must exist
 (``RequiredOutputMissing`` otherwise) and are copied to /logs/artifacts/outputs/<path>,
@@ -68,6 +68,11 @@ _TAIL_CHARS = 2000
 # Besides the workdir, where a task's environment may keep repositories (sanitize_git).
 SANITIZE_GIT_ROOTS = ("/testbed", "/workspace", "/repo", "/srv", "/home", "/root", "/tmp")
 _SETUP_GRACE_SEC = 120.0
+
+
+# Directories a harness writes its own state into (sessions, settings, SQLite): made before
+# the uploads and owned by the agent's user.
+STATE_DIR_ENV = ("CLAUDE_CONFIG_DIR", "CODEX_HOME")
 
 
 class RequiredOutputMissing(RuntimeError):
@@ -186,9 +191,8 @@ class RecipeAgent(BaseAgent):
             uploads.append((plan.instruction_path, plan.instruction, "0644"))
         elif plan.instruction_via in ("argument", "stdin"):
             uploads.append((self._instruction_path, plan.instruction, "0644"))
-        dirs = {plan.logs_dir, plan.workdir, *(str(Path(path).parent) for path, _, _ in uploads)}
-        if "CLAUDE_CONFIG_DIR" in plan.env:
-            dirs.add(plan.env["CLAUDE_CONFIG_DIR"])
+        state_dirs = [plan.env[name] for name in STATE_DIR_ENV if name in plan.env]
+        dirs = {plan.logs_dir, plan.workdir, *state_dirs, *(str(Path(path).parent) for path, _, _ in uploads)}
         await self._root(environment, "mkdir -p " + " ".join(_q(d) for d in sorted(dirs)))
         await self._upload_text(
             environment, path=self._plan_path, content=json.dumps(plan.to_dict(), indent=2, sort_keys=True), mode="0644"
@@ -198,9 +202,7 @@ class RecipeAgent(BaseAgent):
         user = environment.default_user
         if user not in (None, "root", 0):
             # Uploads land as root; the agent (the task's [agent].user) must own its files.
-            owned = [plan.workdir, *(path for path, _, _ in uploads)]
-            if "CLAUDE_CONFIG_DIR" in plan.env:
-                owned.append(plan.env["CLAUDE_CONFIG_DIR"])
+            owned = [plan.workdir, *(path for path, _, _ in uploads), *state_dirs]
             await self._root(environment, f"chown -R {_q(str(user))} " + " ".join(_q(p) for p in owned))
 
         env = plan.exec_env()

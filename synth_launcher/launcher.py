@@ -25,6 +25,9 @@ set (``ANTHROPIC_BASE_URL``, ``ANTHROPIC_API_KEY`` = the credential, the model n
 autoupdater, ``CLAUDE_CONFIG_DIR`` under /logs/agent). They are given to every
 engine that uses a model, not only claude-code, so a ``command`` recipe that runs an
 Anthropic client or wraps ``claude`` itself is routed through the proxy the same way.
+An engine may add its own (the registry's ``harness_env``: for codex ``CODEX_HOME`` and the
+variable its config names for the credential) and configuration files the launcher writes
+into the plan (``harness_files``: Codex's ``config.toml``), which a recipe cannot replace.
 
 Pure Python, no Django: the recipe is checked with synth_launcher.recipe first.
 """
@@ -36,7 +39,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from synth_launcher.engines import ArgvRequest, Engine, engine_get
+from synth_launcher.engines import ArgvRequest, Engine, HarnessRequest, engine_get
 from synth_launcher.plan import (
     AGENT_LOGS_DIR,
     ARTIFACT_OUTPUTS_DIR,
@@ -44,6 +47,7 @@ from synth_launcher.plan import (
     CREDENTIAL_MARKER,
     DEFAULT_SETUP_TIMEOUT_SEC,
     PLAN_FORMAT,
+    TRIAL_HEADER,
     AttemptBinding,
     Bindings,
     LaunchError,
@@ -77,10 +81,6 @@ __all__ = [
     "launch_plan_build",
     "recipe_launch_check",
 ]
-
-# The correlation header Claude Code adds to every model call (ANTHROPIC_CUSTOM_HEADERS),
-# so the proxy can attribute a call to its trial even before it checks the credential.
-TRIAL_HEADER = "x-synth-trial"
 
 
 # ---------------------------------------------------------------- building
@@ -229,7 +229,22 @@ def _platform_env(*, engine: Engine, bindings: Bindings, logs_dir: str) -> dict[
     )
     if bindings.credential is not None:
         env["ANTHROPIC_API_KEY"] = CREDENTIAL_MARKER
+    if engine.harness_env is not None:
+        env.update(engine.harness_env(_harness_request(bindings=bindings, model=model, logs_dir=logs_dir)))
     return env
+
+
+def _harness_request(*, bindings: Bindings, model: ModelBinding, logs_dir: str) -> HarnessRequest:
+    return HarnessRequest(
+        model=model, trial_id=bindings.attempt.trial_id, logs_dir=logs_dir, credential=bindings.credential is not None
+    )
+
+
+def _harness_files(*, engine: Engine, bindings: Bindings, logs_dir: str) -> list[PlanFile]:
+    """The configuration files the launcher writes for ``engine`` (Codex's config.toml)."""
+    if engine.harness_files is None or bindings.model is None:
+        return []
+    return list(engine.harness_files(_harness_request(bindings=bindings, model=bindings.model, logs_dir=logs_dir)))
 
 
 # ---------------------------------------------------------------- what a launch needs
@@ -304,6 +319,15 @@ def _plan_build(*, recipe: dict[str, Any], bindings: Bindings, logs_dir: str) ->
     for i, spec in enumerate(recipe.get("files", [])):
         path = _absolute(path=spec["path"], workdir=workdir, field=f"files[{i}].path", inside_workdir=True)
         files.append(PlanFile(path=path, content=spec["content"], mode=spec.get("mode", "0644")))
+
+    for harness_file in _harness_files(engine=engine, bindings=bindings, logs_dir=logs_dir):
+        if any(f.path == harness_file.path for f in files):
+            index = next(i for i, f in enumerate(files) if f.path == harness_file.path)
+            raise LaunchError(
+                f"files[{index}].path: {harness_file.path!r} is written by the platform for engine {engine.name!r}",
+                field=f"files[{index}].path",
+            )
+        files.append(harness_file)
 
     setup = tuple(
         _substitute(value=cmd, field=f"setup[{i}]", values=values, in_env=False)

@@ -24,6 +24,10 @@ CREDENTIAL_MARKER = "${credential}"
 AGENT_LOGS_DIR = "/logs/agent"
 ARTIFACT_OUTPUTS_DIR = "/logs/artifacts/outputs"
 DEFAULT_SETUP_TIMEOUT_SEC = 600.0
+# The correlation header a harness adds to every model call (Claude Code through
+# ANTHROPIC_CUSTOM_HEADERS, Codex through its provider's http_headers), so the proxy can
+# attribute a call to its trial even before it checks the credential.
+TRIAL_HEADER = "x-synth-trial"
 
 BINDING_KEYS: dict[str, tuple[str, ...]] = {
     "task": ("name", "workdir", "instruction", "agent_timeout_sec", "id", "digest"),

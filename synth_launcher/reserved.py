@@ -22,6 +22,10 @@ Decided and deliberately NOT reserved:
   the capture proxy.
 - ``--max-turns``, ``--system-prompt``, ``--append-system-prompt``, ``--allowedTools``,
   ``--disallowedTools``, ``--agents``, ``--verbose`` are the recipe's to choose.
+- Codex: ``-c``/``--config``, ``--profile``, ``--model``, ``--sandbox``, the approval and
+  provider switches and ``--cd`` are reserved (the platform's config.toml decides those);
+  ``--enable``/``--disable`` (features), ``--ephemeral``, ``--output-last-message``,
+  ``--output-schema``, ``--add-dir``, ``--image`` and AGENTS.md files are the recipe's.
 - For engine "command" the recipe owns the whole argv, so no flag is reserved there; its
   environment is still checked.
 
@@ -67,6 +71,13 @@ RESERVED_ENV: tuple[tuple[str, str, bool], ...] = (
         "model calls carry the platform's correlation headers; extra ones could forge them",
         False,
     ),
+    ("OPENAI_BASE_URL", _ROUTE, False),
+    ("OPENAI_API_BASE", _ROUTE, False),
+    (
+        "CODEX_HOME",
+        "the platform writes Codex's configuration (provider, model, approvals, network) into its own CODEX_HOME",
+        False,
+    ),
     ("CLAUDE_CODE_USE_BEDROCK", _PROVIDER, False),
     ("CLAUDE_CODE_USE_VERTEX", _PROVIDER, False),
     ("CLAUDE_CODE_USE_FOUNDRY", _PROVIDER, False),
@@ -109,12 +120,40 @@ _HARNESS_FLAGS: tuple[tuple[str, str], ...] = (
     ("--api-key", _KEY),
     ("--session-id", "each attempt gets a fresh session; a fixed id would merge attempts' calls in capture"),
 )
+_CODEX_CONFIG = (
+    "the platform writes Codex's config.toml (the bridge as its provider, the route as its model, no approvals, "
+    "no sandbox of its own, nothing that reaches the network); an override could undo any of it"
+)
+_CODEX_SANDBOX = (
+    "the sandbox is the boundary: the platform runs Codex with approval_policy never and no sandbox of its own"
+)
+_CODEX_FLAGS: tuple[tuple[str, str], ...] = (
+    ("--config", _CODEX_CONFIG),
+    ("-c", _CODEX_CONFIG),
+    ("--profile", _CODEX_CONFIG),
+    ("-p", _CODEX_CONFIG),
+    ("--ignore-user-config", _CODEX_CONFIG),
+    ("--model", _MODEL),
+    ("-m", _MODEL),
+    ("--oss", _PROVIDER),
+    ("--local-provider", _PROVIDER),
+    ("--remote", _PROVIDER),
+    ("--remote-auth-token-env", _PROVIDER),
+    ("--sandbox", _CODEX_SANDBOX),
+    ("-s", _CODEX_SANDBOX),
+    ("--dangerously-bypass-approvals-and-sandbox", _CODEX_SANDBOX),
+    ("--approve-for-me", _CODEX_SANDBOX),
+    ("--full-auto", _CODEX_SANDBOX),
+    ("--cd", "the recipe's workdir is where Codex runs"),
+    ("-C", "the recipe's workdir is where Codex runs"),
+)
 # Per engine, the flags of a command line the platform builds. "command" has none: its
 # recipe owns the whole argv. synth-mini takes the same driving flags as Claude Code, and
 # the ones its argv builder sets (the engine registry's platform_args).
 RESERVED_ARGS: dict[str, tuple[tuple[str, str], ...]] = {
     "claude-code": _HARNESS_FLAGS + ENGINES["claude-code"].platform_args,
     "synth-mini": _HARNESS_FLAGS + ENGINES["synth-mini"].platform_args,
+    "codex": _CODEX_FLAGS + ENGINES["codex"].platform_args,
 }
 
 # Per engine, files (relative to the working directory, normalised) the harness reads
@@ -124,6 +163,8 @@ RESERVED_FILES: dict[str, tuple[tuple[str, str], ...]] = {
         (".claude/settings.json", _SETTINGS),
         (".claude/settings.local.json", _SETTINGS),
     ),
+    # A project's config layer, read on top of CODEX_HOME's.
+    "codex": ((".codex/config.toml", _CODEX_CONFIG),),
 }
 
 _SHORT_BUNDLE = re.compile(r"^-[A-Za-z]+$")

@@ -1,7 +1,7 @@
 """JSON error answers for the whole project, never Django's HTML pages.
 
-``/v1/...`` answers in Anthropic's shape (apps.proxy.errors), everything else in the control
-API's (apps.core.errors). Used by the project's error handlers (handler400/403/404/500 in
+``/v1/...`` answers in Anthropic's shape (apps.proxy.errors), or OpenAI's under OpenAI's API
+paths (apps.proxy.openai), everything else in the control API's (apps.core.errors). Used by the project's error handlers (handler400/403/404/500 in
 urls.py, which Django calls when DEBUG is off) and by the middleware that rewrites any other
 non-JSON error (DEBUG pages, errors raised in middleware; synth_project.middleware).
 The admin keeps its HTML.
@@ -15,14 +15,20 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from apps.core.errors import error_body, error_type_for_status
-from apps.proxy.errors import error_payload, new_request_id
+from apps.proxy.errors import ProxyError, error_payload, new_request_id
 from apps.proxy.errors import error_type_for_status as proxy_error_type
+from apps.proxy.openai.errors import error_response as openai_error_response
+from apps.proxy.openai.views import API_FAMILIES
 
 ADMIN_PREFIX = "/admin/"
 
 
 def is_proxy_path(path: str) -> bool:
     return path == "/v1" or path.startswith("/v1/")
+
+
+def is_openai_path(path: str) -> bool:
+    return path.startswith("/v1/") and path[4:].split("/", 1)[0] in API_FAMILIES
 
 
 def is_admin_path(path: str) -> bool:
@@ -45,6 +51,9 @@ def json_error_response(
 ) -> HttpResponse:
     """The error answer for ``request``'s surface, in its shape (``field`` for the control API's)."""
     message = message or _message(request, status)
+    if is_openai_path(request.path_info):
+        request_id = new_request_id()
+        return openai_error_response(ProxyError.for_status(status, message), request_id=request_id)
     if is_proxy_path(request.path_info):
         request_id = new_request_id()
         payload = error_payload(error_type=proxy_error_type(status), message=message, request_id=request_id)

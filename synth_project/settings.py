@@ -445,6 +445,22 @@ SYNTH_MODEL_CREDENTIAL_MARGIN_SECONDS = env_int("SYNTH_MODEL_CREDENTIAL_MARGIN_S
 # The Claude Code executable bound read-only into local sandboxes (as /synth/bin/claude).
 # Default: the repository's node_modules/.bin/claude (deploy/setup.sh runs npm ci).
 SYNTH_CLAUDE_CODE_BIN = os.environ.get("SYNTH_CLAUDE_CODE_BIN") or str(BASE_DIR / "node_modules" / ".bin" / "claude")
+# The Codex CLI's native executable bound read-only into local sandboxes (as /synth/bin/codex).
+# node_modules/.bin/codex is a node launcher; the executable is in the platform package
+# npm installs as an optional dependency of @openai/codex (linux x64 or arm64).
+_CODEX_TRIPLE = {"aarch64": "aarch64-unknown-linux-musl", "arm64": "aarch64-unknown-linux-musl"}.get(
+    os.uname().machine, "x86_64-unknown-linux-musl"
+)
+SYNTH_CODEX_SANDBOX_BIN = os.environ.get("SYNTH_CODEX_SANDBOX_BIN") or str(
+    BASE_DIR
+    / "node_modules"
+    / "@openai"
+    / ("codex-linux-arm64" if _CODEX_TRIPLE.startswith("aarch64") else "codex-linux-x64")
+    / "vendor"
+    / _CODEX_TRIPLE
+    / "bin"
+    / "codex"
+)
 
 # TRAINING
 # ------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ class InteractionAdmin(ReadOnlyAdmin):
         "id",
         "org",
         "route",
+        "protocol",
         "run_id",
         "trial_id",
         "agent_id",
@@ -62,7 +63,7 @@ class InteractionAdmin(ReadOnlyAdmin):
         "eligibility",
         "created_at",
     ]
-    list_filter = ["delivery", "integrity", "eligibility", "route"]
+    list_filter = ["delivery", "integrity", "eligibility", "protocol", "route"]
     search_fields = ["id", "run_id", "trial_id", "session_id", "correlation_id"]
     # The staged payload can be megabytes of ids: never render it in the admin; the page
     # shows a bounded decoding of it instead.

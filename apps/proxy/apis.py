@@ -45,6 +45,7 @@ def interaction_dict(interaction: Interaction) -> dict[str, Any]:
         "route": interaction.route.name,
         "model_requested": interaction.model_requested,
         "snapshot": interaction.snapshot,
+        "protocol": interaction.protocol,
         "stream": interaction.stream,
         "stop_reason": interaction.stop_reason or None,
         "parse_errors": interaction.parse_errors,

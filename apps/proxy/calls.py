@@ -56,6 +56,7 @@ class CallContext:
     parent_agent_id: str = ""
     correlation_id: str = ""
     betas: tuple[str, ...] = ()
+    protocol: str = "messages"  # the wire protocol of the call: messages, chat or responses
 
     @property
     def cache_key(self) -> CacheKey:
@@ -100,7 +101,13 @@ def _header(headers: Any, name: str) -> str:
 
 
 def call_context_build(
-    *, caller: Caller, model: str, headers: Any, request_id: str, routes: Sequence[ModelRoute] | None = None
+    *,
+    caller: Caller,
+    model: str,
+    headers: Any,
+    request_id: str,
+    routes: Sequence[ModelRoute] | None = None,
+    protocol: str = "messages",
 ) -> CallContext:
     """Resolve the route for this caller (scoping checks) and collect correlation headers.
     With `routes` (the proxy's route cache) it reads no database."""
@@ -117,6 +124,7 @@ def call_context_build(
         parent_agent_id=_header(headers, "x-claude-code-parent-agent-id"),
         correlation_id=_header(headers, "x-synth-trial"),
         betas=tuple(betas[:BETA_HEADER_MAX]),
+        protocol=protocol,
     )
 
 
@@ -265,7 +273,9 @@ async def message_prepare(*, ctx: CallContext, request: dict[str, Any]) -> Prepa
     route = ctx.route
     # Claude Code sends max_tokens 32000 for models it does not know; the route's limit
     # applies instead of refusing (recorded in the capture as sampling.max_tokens).
-    max_tokens = min(request["max_tokens"], route.max_output)
+    # None (OpenAI's protocols, max_tokens absent): as many as the route allows.
+    requested = request["max_tokens"]
+    max_tokens = route.max_output if requested is None else min(requested, route.max_output)
     started = time.perf_counter()
     adapter = await pool.run_cpu(adapter_get, route=route)
     fitted, reused = await pool.run_cpu(_prepare_sync, ctx=ctx, request=request, adapter=adapter, max_tokens=max_tokens)
@@ -384,6 +394,7 @@ async def message_sample(*, prepared: Prepared, ticket: pool.Ticket) -> Completi
                     temperature=1.0 if request.get("temperature") is None else request["temperature"],
                     top_p=request.get("top_p"),
                     top_k=request.get("top_k"),
+                    seed=request.get("seed"),
                 )
             )
         except SamplerUnavailable as exc:
@@ -484,6 +495,7 @@ def capture_record(
             "snapshot": ctx.snapshot,
         },
         model_requested=ctx.model_requested,
+        protocol=ctx.protocol,
         stream=bool(prepared.request.get("stream")),
         snapshot=dict(sample.snapshot) if sample else {},
         request=_adapter_input(request),
@@ -495,6 +507,7 @@ def capture_record(
             "top_k": prepared.request.get("top_k"),
             "stop_sequences": prepared.request.get("stop_sequences") or [],
             "stop_token_ids": list(prepared.adapter.stop_token_ids()),
+            **({"seed": prepared.request["seed"]} if prepared.request.get("seed") is not None else {}),
         },
         fitting=prepared.fitted.record,
         original_prompt_tokens=prepared.fitted.original_tokens,

@@ -128,6 +128,7 @@ class CaptureRecord:
     betas: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     role: str = "actor"
+    protocol: str = "messages"  # messages, chat or responses: the wire protocol of the call
 
 
 def _payload(interaction_id: str, rec: CaptureRecord, logprobs: list[float | None]) -> dict[str, Any]:
@@ -145,6 +146,7 @@ def _payload(interaction_id: str, rec: CaptureRecord, logprobs: list[float | Non
         "request_id": rec.request_id,
         "route": rec.route,
         "model_requested": rec.model_requested,
+        "protocol": rec.protocol,
         "snapshot": rec.snapshot,
         # JSON text, not an object: the template serializes tool schemas and arguments in
         # their key order, which JSONB storage and canonical JSON (sorted keys) would not
@@ -198,6 +200,7 @@ def interaction_stage(*, rec: CaptureRecord, delivery: str = Delivery.PENDING, c
         request_id=rec.request_id,
         route_id=rec.route_id,
         model_requested=rec.model_requested[:300],
+        protocol=rec.protocol,
         snapshot=rec.snapshot,
         stream=rec.stream,
         stop_reason=rec.stop_reason,

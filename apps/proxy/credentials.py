@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from apps.accounts.models import Membership, ModelCredential, Organization, Role
 from apps.accounts.services import MODEL_CREDENTIAL_SCHEME, token_hash, token_verify
-from apps.proxy.errors import AuthenticationFailed, NotFound, PermissionDenied
+from apps.proxy.errors import AuthenticationFailed, ModelNotFound, PermissionDenied
 from apps.proxy.models import ModelRoute
 from apps.proxy.selectors import route_match, route_resolve
 
@@ -118,7 +118,7 @@ def route_authorize(
     if cred is not None:
         route = next((r for r in routes if r.name == cred.route), None)
         if route is None or not route.inference_enabled:
-            raise NotFound(f"model: the route {cred.route!r} of this credential is not available")
+            raise ModelNotFound(f"model: the route {cred.route!r} of this credential is not available", model=model)
         # Delegated agents (x-claude-code-agent-id) and background calls name Claude
         # models or aliases; they inherit the attempt's route. Only naming a different
         # configured route is an attempt to escape the binding.
@@ -127,7 +127,7 @@ def route_authorize(
         return route, cred.snapshot
     matched = route_match(routes=routes, name=model)
     if matched is None or not matched.inference_enabled:
-        raise NotFound(f"model: {model}")
+        raise ModelNotFound(f"model: {model}", model=model)
     return matched, ""
 
 

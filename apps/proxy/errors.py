@@ -21,10 +21,22 @@ class ProxyError(Exception):
     status = 400
     error_type = "invalid_request_error"
 
-    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.headers = headers or {}
+        # The request field at fault (OpenAI's error `param`); Anthropic's shape has none.
+        self.param = param
+
+    @classmethod
+    def for_status(cls, status: int, message: str) -> ProxyError:
+        """An error of `status` (the class of that status where there is one)."""
+        for sub in (InvalidRequest, AuthenticationFailed, PermissionDenied, NotFound, RequestTooLarge, RateLimited):
+            if sub.status == status:
+                return sub(message)
+        error = (Overloaded if status == Overloaded.status else ApiError if status >= 500 else cls)(message)
+        error.status = status
+        return error
 
 
 class InvalidRequest(ProxyError):
@@ -45,6 +57,14 @@ class PermissionDenied(ProxyError):
 class NotFound(ProxyError):
     status = 404
     error_type = "not_found_error"
+
+
+class ModelNotFound(NotFound):
+    """No route serves the requested model (OpenAI answers it with its own wording)."""
+
+    def __init__(self, message: str, *, model: str) -> None:
+        super().__init__(message, param="model")
+        self.model = model
 
 
 class RequestTooLarge(ProxyError):

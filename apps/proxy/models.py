@@ -48,6 +48,12 @@ class ModelRoute(models.Model):
         return self.name
 
 
+class Protocol(models.TextChoices):
+    MESSAGES = "messages"  # Anthropic Messages
+    CHAT = "chat"  # OpenAI Chat Completions
+    RESPONSES = "responses"  # OpenAI Responses
+
+
 class Delivery(models.TextChoices):
     PENDING = "pending"
     DELIVERED = "delivered"
@@ -97,6 +103,9 @@ class Interaction(models.Model):
     model_requested = models.CharField(max_length=300)
     snapshot = models.JSONField(default=dict, blank=True, help_text="the sampler snapshot that sampled")
     stream = models.BooleanField(default=False)
+    protocol = models.CharField(
+        max_length=16, choices=Protocol.choices, default=Protocol.MESSAGES, help_text="the wire protocol of the call"
+    )
     # Outcome summary (the tokens are in the payload).
     stop_reason = models.CharField(max_length=32, blank=True)
     parse_errors = models.JSONField(default=list, blank=True)

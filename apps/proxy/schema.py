@@ -54,7 +54,7 @@ TOOL_CHOICE_TYPES = ("auto", "any", "tool", "none")
 
 
 def _fail(path: str, message: str) -> InvalidRequest:
-    return InvalidRequest(f"{path}: {message}" if path else message)
+    return InvalidRequest(f"{path}: {message}" if path else message, param=path or None)
 
 
 def _is_int(value: Any) -> bool:

@@ -59,6 +59,7 @@ class InteractionSerializer(serializers.Serializer):
     route = serializers.CharField()
     model_requested = serializers.CharField()
     snapshot = serializers.CharField()
+    protocol = serializers.CharField(help_text="the wire protocol of the call: messages, chat or responses")
     stream = serializers.BooleanField()
     stop_reason = serializers.CharField(allow_null=True)
     parse_errors = serializers.ListField(child=serializers.JSONField())

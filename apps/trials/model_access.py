@@ -14,14 +14,15 @@ What the recipe's engine needs (whether it uses a model, which host executable i
 have, its deadlines) comes from the launcher (``launch_needs``, the engine registry), not
 from reading the recipe here. The launcher gets ``ModelBinding(name=<route>,
 base_url=http://127.0.0.1:<port>)`` and the secret (``Bindings.credential``); the sandbox gets
-``model_socket`` (the bridge from its own 127.0.0.1:<port> to the proxy's Unix socket), and,
-when installed, the ``claude`` executable bound read-only at ``/synth/bin/claude`` with
-``/synth/bin`` first on PATH (required for engine claude-code). When the trial
-ends, however it ends, the worker revokes the credential (:func:`model_access_close`).
+``model_socket`` (the bridge from its own 127.0.0.1:<port> to the proxy's Unix socket), and
+the harness executables that are installed (the engine registry's ``HOST_BINARIES``: Claude
+Code at ``/synth/bin/claude``, Codex at ``/synth/bin/codex``) bound read-only with
+``/synth/bin`` first on PATH; the engine's own is required. When the trial ends, however it
+ends, the worker revokes the credential (:func:`model_access_close`).
 
-A failure here (unknown route, an unresolved checkpoint binding, no bridge, proxy down, Claude Code not
-installed) is a :class:`ModelAccessError`: the trial fails with its message before any
-sandbox exists.
+A failure here (unknown route, an unresolved checkpoint binding, no bridge, proxy down, the
+engine's harness not installed) is a :class:`ModelAccessError`: the trial fails with its
+message before any sandbox exists.
 """
 
 from __future__ import annotations
@@ -44,15 +45,16 @@ from django.conf import settings
 
 from apps.accounts.models import ModelCredential
 from apps.accounts.services import model_credential_issue, model_credential_revoke
-from synth_launcher.engines import CLAUDE_CODE_BINARY
+from synth_launcher.engines import CLAUDE_CODE_BINARY, HOST_BINARIES, HostBinary
 from synth_launcher.launcher import LaunchError, LaunchNeeds, ModelBinding, launch_needs
 
 if TYPE_CHECKING:
     from apps.runs.models import Trial
 
-# Inside the sandbox: where the host's Claude Code executable is bound (the engine registry's).
+# Inside the sandbox: where the host's harness executables are bound (the engine registry's).
 SANDBOX_CLAUDE = CLAUDE_CODE_BINARY.target
 SANDBOX_BIN_DIR = posixpath.dirname(SANDBOX_CLAUDE)
+assert all(posixpath.dirname(binary.target) == SANDBOX_BIN_DIR for binary in HOST_BINARIES)
 _ELF_MAGIC = b"\x7fELF"
 
 
@@ -73,7 +75,8 @@ class ModelAccess:
     secret: str = field(repr=False)
     socket: Path
     port: int
-    claude: Path | None = None  # host path of the Claude Code executable to bind, if any
+    # (host path, path inside the sandbox) of each harness executable to bind read-only.
+    binds: tuple[tuple[Path, str], ...] = ()
 
 
 # ---------------------------------------------------------------- reads
@@ -143,16 +146,21 @@ def _readable_by_others(path: Path) -> str | None:
     return None
 
 
-def claude_code_binary() -> Path | None:
-    """The host's Claude Code executable to bind into sandboxes (resolved), or None if absent.
+def host_binary_path(*, binary: HostBinary) -> Path | None:
+    """The host's executable of ``binary`` to bind into sandboxes (resolved), or None if absent.
 
-    ``SYNTH_CLAUDE_CODE_BIN``, default the repository's ``node_modules/.bin/claude``
-    (``npm ci`` installs the pinned @anthropic-ai/claude-code, a native executable).
+    Its setting (``SYNTH_CLAUDE_CODE_BIN``, ``SYNTH_CODEX_SANDBOX_BIN``) defaults to the repository's
+    node_modules, where ``npm ci`` installs the pinned packages' native executables.
     """
-    configured = Path(settings.SYNTH_CLAUDE_CODE_BIN)
+    configured = Path(getattr(settings, binary.setting))
     if not configured.exists():
         return None
     return configured.resolve()
+
+
+def claude_code_binary() -> Path | None:
+    """The host's Claude Code executable (``SYNTH_CLAUDE_CODE_BIN``), or None if absent."""
+    return host_binary_path(binary=CLAUDE_CODE_BINARY)
 
 
 def staged_for_sandbox(*, path: Path) -> Path:
@@ -205,21 +213,49 @@ def staged_prune(*, root: Path, keep: Path, idle_seconds: float = 3600.0) -> lis
     return removed
 
 
-def claude_code_check(*, path: Path) -> None:
-    """Raise ModelAccessError unless ``path`` can run inside a sandbox."""
+def host_binary_check(*, binary: HostBinary, path: Path) -> None:
+    """Raise ModelAccessError unless ``path`` (``binary``'s executable) can run inside a sandbox."""
     with path.open("rb") as fh:
         magic = fh.read(4)
     if magic != _ELF_MAGIC:
         raise ModelAccessError(
-            f"Claude Code at {path} is not a native executable (did its npm postinstall run? "
+            f"{binary.label} at {path} is not a native executable (did its npm install complete? "
             "`npm ci` in the repository root installs it); the sandbox binds one file and has no node_modules"
         )
     problem = _readable_by_others(staged_for_sandbox(path=path))
     if problem:
         raise ModelAccessError(
-            f"Claude Code cannot be bound into the sandbox, whose uid is unprivileged: {problem}. "
-            "Install the repository where other users can read it, or set SYNTH_CLAUDE_CODE_BIN"
+            f"{binary.label} cannot be bound into the sandbox, whose uid is unprivileged: {problem}. "
+            f"Install the repository where other users can read it, or set {binary.setting}"
         )
+
+
+def claude_code_check(*, path: Path) -> None:
+    """Raise ModelAccessError unless Claude Code at ``path`` can run inside a sandbox."""
+    host_binary_check(binary=CLAUDE_CODE_BINARY, path=path)
+
+
+def host_binaries_bind(*, required: HostBinary | None) -> tuple[tuple[Path, str], ...]:
+    """(host path, sandbox path) of every installed harness executable that can be bound;
+    ModelAccessError when ``required`` (the engine's own) is missing or cannot be bound."""
+    binds = []
+    for binary in HOST_BINARIES:
+        path = host_binary_path(binary=binary)
+        if path is None:
+            if binary == required:
+                raise ModelAccessError(
+                    f"{binary.label} is not installed at {getattr(settings, binary.setting)} ({binary.setting}); "
+                    "run `npm ci` in the repository root (deploy/setup.sh does)"
+                )
+            continue
+        try:
+            host_binary_check(binary=binary, path=path)
+        except ModelAccessError:
+            if binary == required:
+                raise
+            continue  # another engine does not need it
+        binds.append((staged_for_sandbox(path=path), binary.target))
+    return tuple(binds)
 
 
 def credential_ttl(*, needs: LaunchNeeds, plan: dict[str, Any]) -> timedelta:
@@ -280,20 +316,7 @@ def model_access_open(
             f"the model proxy is not listening on {proxy_socket} (SYNTH_PROXY_SOCKET); start it with "
             f"`uvicorn synth_project.proxy_asgi:application --uds {proxy_socket}`"
         )
-    claude = claude_code_binary()
-    if claude is not None:
-        try:
-            claude_code_check(path=claude)
-            claude = staged_for_sandbox(path=claude)
-        except ModelAccessError:
-            if engine.host_binary == CLAUDE_CODE_BINARY:
-                raise
-            claude = None  # another engine does not need it
-    elif engine.host_binary == CLAUDE_CODE_BINARY:
-        raise ModelAccessError(
-            f"Claude Code is not installed at {settings.SYNTH_CLAUDE_CODE_BIN} (SYNTH_CLAUDE_CODE_BIN); "
-            "run `npm ci` in the repository root (deploy/setup.sh does)"
-        )
+    binds = host_binaries_bind(required=engine.host_binary)
     port = int(settings.SYNTH_SANDBOX_MODEL_PORT)
     cred, secret = model_credential_issue(
         org=trial.run.org,
@@ -310,7 +333,7 @@ def model_access_open(
         secret=secret,
         socket=proxy_socket,
         port=port,
-        claude=claude,
+        binds=binds,
     )
 
 
@@ -321,7 +344,7 @@ def model_access_close(*, access: ModelAccess) -> None:
 
 def sandbox_model_options(*, access: ModelAccess) -> tuple[dict[str, Any], dict[str, str]]:
     """(LocalSandboxEnvironment kwargs, persistent env) that give a sandbox the model bridge
-    and, when installed, Claude Code as ``claude`` on PATH."""
+    and the installed harnesses (``claude``, ``codex``) on PATH."""
     from synth_sandbox.sandbox import SANDBOX_PATH
 
     kwargs: dict[str, Any] = {
@@ -330,7 +353,7 @@ def sandbox_model_options(*, access: ModelAccess) -> tuple[dict[str, Any], dict[
         "model_max_connections": settings.SYNTH_SANDBOX_MODEL_MAX_CONNECTIONS,
     }
     env: dict[str, str] = {}
-    if access.claude is not None:
-        kwargs["extra_ro_binds"] = [f"{access.claude}:{SANDBOX_CLAUDE}"]
+    if access.binds:
+        kwargs["extra_ro_binds"] = [f"{host}:{target}" for host, target in access.binds]
         env["PATH"] = f"{SANDBOX_BIN_DIR}:{SANDBOX_PATH}"
     return kwargs, env

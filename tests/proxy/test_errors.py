@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from apps.proxy import pool, views
+from apps.proxy import exchange, pool
 from tests.conftest import make_member
 from tests.proxy.conftest import assert_error, call, make_route
 
@@ -92,7 +92,7 @@ def test_missing_or_bad_key_is_401(db):
 
 def test_body_over_the_limit_is_413(alice, monkeypatch):
     make_route()
-    monkeypatch.setattr(views, "MAX_BODY_BYTES", 1000)
+    monkeypatch.setattr(exchange, "MAX_BODY_BYTES", 1000)
     body = {**VALID, "system": "x" * 2000}
     assert_error(call("/v1/messages", secret=alice.secret, body=body), 413, "request_too_large")
 

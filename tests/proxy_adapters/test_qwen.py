@@ -260,7 +260,10 @@ CASES: dict[str, dict[str, Any]] = {
         "tools": [BASH, {"type": "web_search_20250305", "name": "web_search"}],
         "messages": [{"role": "user", "content": "q"}],
     },
-    "consecutive_user_messages_merge": {
+    # Two user turns in a row stay two turns, as the template renders them (the Messages
+    # schema merges consecutive same-role turns before they get here; a Responses or Chat
+    # request's user messages keep their boundaries).
+    "consecutive_user_messages_stay_apart": {
         "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": [{"type": "text", "text": "b"}]}]
     },
     "prefill": {
@@ -270,7 +273,8 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 # Cases tml-renderers supports as the official template does (it drops reasoning from all
-# history turns, where the official template keeps it after the last user query, and has no prefill).
+# history turns, where the official template keeps it after the last user query, merges
+# consecutive user turns, and has no prefill).
 TML_CASES = [
     "system_and_user",
     "user_only",
@@ -288,7 +292,6 @@ TML_CASES = [
     "images_as_notes",
     "unicode_and_redacted_thinking",
     "server_tool_is_skipped",
-    "consecutive_user_messages_merge",
 ]
 
 

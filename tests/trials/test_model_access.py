@@ -34,6 +34,7 @@ from apps.trials.model_access import (
     sandbox_model_options,
 )
 from apps.trials.pipeline import trial_execute
+from synth_launcher.engines import CODEX_BINARY
 from synth_launcher.launcher import launch_needs
 from tests.factories import make_dataset_of, make_profile_version, make_task_version_unchecked
 
@@ -228,7 +229,33 @@ def test_claude_code_must_be_installed_as_a_native_executable(
     assert not ModelCredential.objects.exists()
     # Another engine with a model does not need it: no bind, but access.
     access = model_access_open(trial=trial, recipe=COMMAND_RECIPE)
-    assert access is not None and access.claude is None
+    assert access is not None and SANDBOX_CLAUDE not in [target for _, target in access.binds]
+
+
+@pytest.mark.django_db
+def test_codex_must_be_installed_as_a_native_executable(alice, tmp_path, route, proxy_socket, no_broker, settings):
+    recipe = {
+        "model": {"route": ROUTE},
+        "engine": {"name": "codex", "version": "0.171.0"},
+        "limits": {"timeout_sec": 60},
+    }
+    trial = _trial(alice, tmp_path, recipe)
+    installed = Path(settings.SYNTH_CODEX_SANDBOX_BIN)
+    settings.SYNTH_CODEX_SANDBOX_BIN = str(tmp_path / "missing" / "codex")
+    with pytest.raises(ModelAccessError, match=r"Codex is not installed at .*SYNTH_CODEX_SANDBOX_BIN.*`npm ci`"):
+        model_access_open(trial=trial, recipe=recipe)
+    # node_modules/.bin/codex is the node launcher, which cannot run in a sandbox without node.
+    settings.SYNTH_CODEX_SANDBOX_BIN = str(installed.parents[5] / ".bin" / "codex")
+    with pytest.raises(ModelAccessError, match="Codex at .* is not a native executable"):
+        model_access_open(trial=trial, recipe=recipe)
+    assert not ModelCredential.objects.exists()
+    # The default is the native executable npm installed (package.json pins it): bound, with
+    # Claude Code beside it, both in /synth/bin.
+    settings.SYNTH_CODEX_SANDBOX_BIN = str(installed)
+    access = model_access_open(trial=trial, recipe=recipe)
+    assert access is not None
+    assert dict((target, host) for host, target in access.binds)[CODEX_BINARY.target] == installed.resolve()
+    assert {target for _, target in access.binds} == {SANDBOX_CLAUDE, CODEX_BINARY.target}
 
 
 @pytest.mark.django_db
@@ -264,16 +291,17 @@ def test_sandbox_options_bridge_the_proxy_and_put_claude_on_path(tmp_path, setti
     from synth_sandbox.sandbox import SANDBOX_PATH
 
     settings.SYNTH_SANDBOX_MODEL_MAX_CONNECTIONS = 7
-    access = SimpleNamespace(socket=tmp_path / "p.sock", port=18123, claude=Path("/host/claude"))
+    binds = ((Path("/host/claude"), SANDBOX_CLAUDE), (Path("/host/codex"), CODEX_BINARY.target))
+    access = SimpleNamespace(socket=tmp_path / "p.sock", port=18123, binds=binds)
     kwargs, env = sandbox_model_options(access=access)
     assert kwargs == {
         "model_socket": str(tmp_path / "p.sock"),
         "model_port": 18123,
         "model_max_connections": 7,
-        "extra_ro_binds": [f"/host/claude:{SANDBOX_CLAUDE}"],
+        "extra_ro_binds": [f"/host/claude:{SANDBOX_CLAUDE}", "/host/codex:/synth/bin/codex"],
     }
     assert env == {"PATH": f"/synth/bin:{SANDBOX_PATH}"}
-    kwargs, env = sandbox_model_options(access=SimpleNamespace(socket=tmp_path / "p.sock", port=1, claude=None))
+    kwargs, env = sandbox_model_options(access=SimpleNamespace(socket=tmp_path / "p.sock", port=1, binds=()))
     assert "extra_ro_binds" not in kwargs and env == {}
 
 

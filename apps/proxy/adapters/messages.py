@@ -89,8 +89,9 @@ def _tool_spec(tool: dict[str, Any]) -> dict[str, Any] | None:
 def to_chat_messages(request: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """Anthropic request -> (HF-style messages, function tools) for the chat templates.
 
-    Consecutive user (or assistant) content is merged into one message, as the Anthropic API
-    merges consecutive same-role turns; tool_result blocks become `tool` messages in order.
+    Consecutive assistant content is merged into one message (a Responses turn's reasoning,
+    text and call items are one assistant message); each user message's text becomes one user
+    message; tool_result blocks become `tool` messages in order.
     """
     messages: list[dict[str, Any]] = []
     system = _system_text(request.get("system"))
@@ -138,6 +139,10 @@ def to_chat_messages(request: dict[str, Any]) -> tuple[list[dict[str, Any]], lis
             flush_user()
             messages.append({"role": "system", "content": _system_text(content)})
         else:
+            # Each user message is a turn of its own. Messages requests never have two in a
+            # row (schema.py merges them, as Anthropic does); a Responses or Chat request's
+            # consecutive user messages stay apart, as OpenAI's chat messages are rendered.
+            flush_user()
             for block in blocks:
                 if isinstance(block, dict) and block.get("type") == "tool_result":
                     flush_user()
