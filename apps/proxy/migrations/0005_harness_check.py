@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('proxy', '0003_interaction_compact_prompt'),
+        ('proxy', '0004_interaction_protocol'),
     ]
 
     operations = [
