@@ -190,16 +190,18 @@ async def model_call(request: HttpRequest, *, protocol: Protocol) -> HttpRespons
     if prepared.max_tokens == 0:  # cache pre-warm: nothing to sample
         ticket.release()
         if not body["stream"]:
-            return json_answer(
+            answer = json_answer(
                 protocol.body(response_id=response_id, prepared=prepared, completion=None), request_id=request_id
             )
-        return sse_response(_empty_stream(protocol.stream(response_id=response_id, prepared=prepared)), request_id)
+            return _tagged(answer, request_id, protocol)
+        events = _empty_stream(protocol.stream(response_id=response_id, prepared=prepared))
+        return _tagged(sse_response(events, request_id), request_id, protocol)
     if body["stream"]:
         events = _event_stream(protocol.stream(response_id=response_id, prepared=prepared), prepared, ticket, started)
         # A stream never iterated (the client left before the response started) runs none
         # of its code, not even `finally`: give the admission slot back when it is dropped.
         weakref.finalize(events, ticket.release)
-        return sse_response(events, request_id)
+        return _tagged(sse_response(events, request_id), request_id, protocol)
     delivery = CallDelivery(prepared=prepared)
     try:
         completion = await calls.message_sample(prepared=prepared, ticket=ticket)
@@ -223,6 +225,12 @@ async def model_call(request: HttpRequest, *, protocol: Protocol) -> HttpRespons
     )
     response["request-id"] = request_id
     response.call = delivery
+    return _tagged(response, request_id, protocol)
+
+
+def _tagged(response: HttpResponseBase, request_id: str, protocol: Protocol) -> HttpResponseBase:
+    for name in protocol.request_id_headers:
+        response[name] = request_id
     return response
 
 

@@ -61,6 +61,8 @@ class StreamWriter(ABC):
 class Protocol(ABC):
     name: str = ""
     response_prefix: str = ""
+    # Headers that carry the request id on an answer, besides `request-id`.
+    request_id_headers: tuple[str, ...] = ()
 
     @abstractmethod
     def parse(self, body: Any) -> dict[str, Any]:

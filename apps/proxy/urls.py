@@ -12,6 +12,7 @@ urlpatterns = [
     path("responses", openai_views.responses_view, name="v1-responses"),
     path("models", views.models_view, name="v1-models"),
     path("models/<path:model_id>", views.model_detail_view, name="v1-model-detail"),
+    path("chat/completions", openai_views.chat_completions_view, name="v1-chat-completions"),
     # Unknown paths of OpenAI's API families: OpenAI's 404 shape.
     re_path(openai_views.API_FAMILIES_PATTERN, openai_views.not_found_view, name="v1-openai-not-found"),
     re_path(r"^(?P<path>.*)$", views.not_found_view, name="v1-not-found"),

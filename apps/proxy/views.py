@@ -12,6 +12,7 @@ apps.proxy.openai), write HTTP. Every failure is an Anthropic-shaped error
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
@@ -19,7 +20,7 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from apps.proxy import calls, pool, schema
-from apps.proxy.errors import NotFound, error_response, new_request_id
+from apps.proxy.errors import ModelNotFound, NotFound, error_response, new_request_id
 from apps.proxy.exchange import (
     MethodNotAllowed,
     authenticate,
@@ -27,9 +28,11 @@ from apps.proxy.exchange import (
     context_build,
     json_answer,
     model_call,
+    proxy_error,
     reject,
     routes_current,
 )
+from apps.proxy.openai import errors as openai_errors
 from apps.proxy.protocol import MESSAGES
 from apps.proxy.routes import routes_for_caller
 
@@ -69,13 +72,32 @@ async def count_tokens_view(request: HttpRequest) -> HttpResponse:
 # ------------------------------------------------------------------------------
 
 
+# One shape both SDKs parse: Anthropic's keys (type, display_name, created_at; the list's
+# has_more, first_id, last_id) and OpenAI's (object, created in seconds, owned_by; the
+# list's object "list").
+OWNED_BY = "synth"
+
+
 def _model_dict(route: Any) -> dict[str, Any]:
     return {
         "type": "model",
         "id": route.name,
         "display_name": route.name,
         "created_at": route.created_at.isoformat().replace("+00:00", "Z"),
+        "object": "model",
+        "created": int(route.created_at.timestamp()),
+        "owned_by": OWNED_BY,
     }
+
+
+def _models_reject(exc: Exception, request_id: str) -> HttpResponse:
+    """Anthropic's error body with OpenAI's `param` and `code` added: either SDK may ask."""
+    response = reject(exc, request_id)
+    body = json.loads(response.content)
+    opened = openai_errors.error_object(proxy_error(exc, request_id))
+    body["error"].update(param=opened["param"], code=opened["code"])
+    response.content = json.dumps(body).encode()
+    return response
 
 
 @csrf_exempt
@@ -87,10 +109,11 @@ async def models_view(request: HttpRequest) -> HttpResponse:
         caller = await authenticate(request)
         routes = routes_for_caller(caller=caller, routes=await routes_current())
     except Exception as exc:  # noqa: BLE001
-        return reject(exc, request_id)
+        return _models_reject(exc, request_id)
     data = [_model_dict(r) for r in routes]
     return json_answer(
         {
+            "object": "list",
             "data": data,
             "has_more": False,
             "first_id": data[0]["id"] if data else None,
@@ -110,9 +133,9 @@ async def model_detail_view(request: HttpRequest, model_id: str) -> HttpResponse
         routes = routes_for_caller(caller=caller, routes=await routes_current())
         route = next((r for r in routes if r.name == model_id), None)
         if route is None:
-            raise NotFound(f"model: {model_id}")
+            raise ModelNotFound(f"model: {model_id}", model=model_id)
     except Exception as exc:  # noqa: BLE001
-        return reject(exc, request_id)
+        return _models_reject(exc, request_id)
     return json_answer(_model_dict(route), request_id=request_id)
 
 

@@ -256,3 +256,43 @@ def test_errors(live_server_asgi, member, qwen3_tokenizer):
     assert events[-1].response.status == "failed" and events[-1].response.error.code == "server_error"
     failed = Interaction.objects.get(route__name="qwen3-empty")
     assert failed.delivery == Delivery.FAILED
+
+
+def test_keepalive_while_sampling_is_accepted_by_the_stream_helper(
+    live_server_asgi, member, qwen3_tokenizer, monkeypatch, settings
+):
+    """The sampler is held until the client has seen a keepalive (a second
+    response.in_progress); the SDK's stream helper takes it and completes the response."""
+    import threading
+
+    from apps.proxy import calls
+    from apps.proxy.samplers.base import Sampler, SampleRequest, SampleResult
+
+    release = threading.Event()
+    sampled = encode(qwen3_tokenizer, "Held, then done.<|im_end|>")
+
+    class Held(Sampler):
+        async def sample(self, request: SampleRequest) -> SampleResult:
+            import asyncio
+
+            await asyncio.to_thread(release.wait, 30)
+            return SampleResult(token_ids=sampled, logprobs=[0.0] * len(sampled), finish="stop", snapshot={})
+
+    async def held(*, route, snapshot):
+        return Held()
+
+    monkeypatch.setattr(calls, "sampler_get", held)
+    settings.SYNTH_PROXY_PING_SECONDS = 0.05
+    make_route("qwen3-held")
+    sdk = client(live_server_asgi, issue(member.org, "qwen3-held"))
+    kinds: list[str] = []
+    with sdk.responses.stream(model="qwen3-held", input="Wait.", reasoning={"effort": "none"}) as stream:
+        for event in stream:
+            kinds.append(event.type)
+            if kinds.count("response.in_progress") == 2:
+                release.set()
+        response = stream.get_final_response()
+    assert response.output_text == "Held, then done." and response.status == "completed"
+    first_item = kinds.index("response.output_item.added")
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert set(kinds[1:first_item]) == {"response.in_progress"} and first_item >= 3

@@ -14,6 +14,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from apps.proxy.errors import new_request_id
 from apps.proxy.exchange import model_call
+from apps.proxy.openai.chat import CHAT
 from apps.proxy.openai.errors import error_response, url_not_found
 from apps.proxy.openai.responses_protocol import RESPONSES
 
@@ -38,6 +39,11 @@ API_FAMILIES = (
     "vector_stores",
 )
 API_FAMILIES_PATTERN = r"^(?P<path>(?:" + "|".join(API_FAMILIES) + r")(?:/.*)?)$"
+
+
+@csrf_exempt
+async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
+    return await model_call(request, protocol=CHAT)
 
 
 @csrf_exempt
