@@ -68,7 +68,7 @@ def test_start_is_idempotent_and_runs_can_be_shown_listed_and_cancelled(synth, d
 
 
 @pytest.mark.slow
-def test_start_with_a_published_profile_and_train(synth, dataset, recipe_file, tmp_path, tokenizer_dir, settings):
+def test_start_with_a_published_profile_and_train(synth, dataset, recipe_file, tmp_path, tokenizer_dir):
     from apps.proxy.models import ModelRoute
     from apps.proxy.routes import DEFAULT_ROUTE, route_upsert
 
@@ -89,7 +89,7 @@ def test_start_with_a_published_profile_and_train(synth, dataset, recipe_file, t
     # The profile's engine is claude-code: the installed build must have passed harness_check.
     refused = synth("train", "start", "--dataset", dataset, "--actor", "coder@1", "--plan", f"@{plan}")
     assert refused.exit_code == 1 and "run `manage.py harness_check claude-code`" in refused.stderr, refused.stderr
-    check = harness_checked(engine="claude-code", tmp=tmp_path, tokenizer_dir=tokenizer_dir, settings=settings)
+    check = harness_checked(engine="claude-code", tmp=tmp_path, tokenizer_dir=tokenizer_dir)
     assert check.passed, check.report["failures"]
     train = synth.json("train", "start", "--dataset", dataset, "--actor", "coder@1", "--plan", f"@{plan}")
     assert train["kind"] == "train"

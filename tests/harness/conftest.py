@@ -9,7 +9,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -59,10 +58,12 @@ def proxy_socket() -> Iterator[Path]:
     directory.rmdir()
 
 
-def harness_checked(*, engine: str, tmp: Path, tokenizer_dir: Path, settings: Any) -> HarnessCheck:
+def harness_checked(*, engine: str, tmp: Path, tokenizer_dir: Path) -> HarnessCheck:
     """Run `harness_check ENGINE` for real against the test database (the check's proxy
     process gets the same environment as the stack's workers). Needs a transactional test."""
+    from django.test import override_settings
+
     from apps.trials.harness_check.service import harness_check_run
 
-    settings.SYNTH_TOKENIZER_DIR = tokenizer_dir
-    return harness_check_run(engine=engine, env=Stack(tmp).env)
+    with override_settings(SYNTH_TOKENIZER_DIR=tokenizer_dir):
+        return harness_check_run(engine=engine, env=Stack(tmp).env)

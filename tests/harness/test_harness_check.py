@@ -102,6 +102,46 @@ def test_claude_code_passes_and_unlocks_training(alice, tmp_path, tokenizer_dir,
     assert accepted.status_code == 201, accepted.content
 
 
+def test_codex_passes_and_unlocks_training(alice, tmp_path, tokenizer_dir):
+    from apps.datasets.services import dataset_import_dir
+    from apps.profiles.services import profile_publish
+    from apps.trials.harness_check.identity import harness_identity
+
+    route_upsert(**{**DEFAULT_ROUTE, "trainable": True})
+    dataset, _ = dataset_import_dir(org=alice.org, name="toys", version="v1", path=EXAMPLES / "train-tasks")
+    recipe = {
+        "model": {"route": DEFAULT_ROUTE["name"]},
+        "engine": {"name": "codex", "version": "0.171.0"},
+        "limits": {"timeout_sec": 600},
+    }
+    version, _ = profile_publish(org=alice.org, name="codex-coder", recipe=recipe, created_by=None)
+    body = {
+        "kind": "train",
+        "dataset": dataset.reference,
+        "actor": {"profile": "codex-coder", "version": version.version},
+        "plan": {"batch_size": 1, "group_size": 2, "steps": 1},
+    }
+    refused = alice.client.post("/api/runs", body, format="json", HTTP_IDEMPOTENCY_KEY="c1")
+    assert refused.status_code == 400 and refused.json()["error"]["field"] == "actor.engine"
+    assert "run `manage.py harness_check codex`" in refused.json()["error"]["message"]
+
+    check = harness_checked(engine="codex", tmp=tmp_path, tokenizer_dir=tokenizer_dir)
+    assert check.passed, check.report["failures"]
+    assert check.digest == harness_identity(engine="codex").digest
+    report = check.report
+    # Codex speaks only the Responses API, with its credential as a bearer token.
+    assert list(report["requests"]["endpoints"]) == ["POST /v1/responses"]
+    assert {"authorization", "x-synth-trial"} <= set(report["requests"]["header_names"])
+    assert {"input", "model", "tools"} <= set(report["requests"]["body_keys"]["POST /v1/responses"])
+    assert "exec_command" in report["requests"]["tool_names"]
+    [shell] = [t for t in report["tool_calls"] if t["name"] == "exec_command"]
+    assert shell["request_matches"] and shell["result_sent"] and shell["sampled_ids_in_next_prompt"]
+    assert all(c["rerenders"] for c in report["calls"]) and report["attempt"]["rewards"] == {"reward": 1.0}
+
+    accepted = alice.client.post("/api/runs", body, format="json", HTTP_IDEMPOTENCY_KEY="c2")
+    assert accepted.status_code == 201, accepted.content
+
+
 def _mangled_synth_mini(tmp: Path) -> Path:
     """synth-mini, changed to add a default argument to every tool call it sends back (as
     harnesses that normalize tool inputs do)."""
@@ -119,13 +159,13 @@ def _mangled_synth_mini(tmp: Path) -> Path:
     return mangled
 
 
-def test_a_harness_that_changes_the_tool_call_fails(tmp_path, tokenizer_dir, settings, monkeypatch):
+def test_a_harness_that_changes_the_tool_call_fails(tmp_path, tokenizer_dir, monkeypatch):
     mangled = _mangled_synth_mini(tmp_path)
     engine = engines.ENGINES["synth-mini"]
     upload = dataclasses.replace(engine.uploads[0], source=mangled)
     monkeypatch.setitem(engines.ENGINES, "synth-mini", dataclasses.replace(engine, uploads=(upload,)))
 
-    check = harness_checked(engine="synth-mini", tmp=tmp_path, tokenizer_dir=tokenizer_dir, settings=settings)
+    check = harness_checked(engine="synth-mini", tmp=tmp_path, tokenizer_dir=tokenizer_dir)
     assert not check.passed
     # The build that ran is the one recorded: a check of the real synth-mini is another digest.
     assert check.digest == hashlib.sha256(mangled.read_bytes()).hexdigest()
@@ -136,7 +176,7 @@ def test_a_harness_that_changes_the_tool_call_fails(tmp_path, tokenizer_dir, set
     assert any("came back changed" in f and '"timeout": 60' in f for f in report["failures"]), report["failures"]
 
 
-def test_a_rerender_that_drifts_from_the_capture_fails(tmp_path, tokenizer_dir, settings, monkeypatch):
+def test_a_rerender_that_drifts_from_the_capture_fails(tmp_path, tokenizer_dir, monkeypatch):
     from apps.proxy.adapters.registry import ADAPTERS
 
     cls = ADAPTERS["qwen3"]
@@ -148,7 +188,7 @@ def test_a_rerender_that_drifts_from_the_capture_fails(tmp_path, tokenizer_dir, 
 
     # Only this process re-renders differently; the proxy process rendered (and captured) as ever.
     monkeypatch.setattr(cls, "render", drifted)
-    check = harness_checked(engine="synth-mini", tmp=tmp_path, tokenizer_dir=tokenizer_dir, settings=settings)
+    check = harness_checked(engine="synth-mini", tmp=tmp_path, tokenizer_dir=tokenizer_dir)
     assert not check.passed
     report = check.report
     assert report["checks"]["rerender"] is False and report["checks"]["harness"] is True
@@ -161,7 +201,9 @@ def test_bad_input_is_one_line_and_exit_2(settings, tmp_path):
     with pytest.raises(SystemExit) as exit_:
         call_command("harness_check", "claude-kode", stderr=err)
     assert exit_.value.code == 2
-    assert err.getvalue().strip() == "harness_check: unknown engine 'claude-kode' (checkable: claude-code, synth-mini)"
+    assert err.getvalue().strip() == (
+        "harness_check: unknown engine 'claude-kode' (checkable: claude-code, codex, synth-mini)"
+    )
 
     settings.SYNTH_CLAUDE_CODE_BIN = str(tmp_path / "absent" / "claude")
     err = io.StringIO()

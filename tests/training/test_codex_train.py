@@ -15,7 +15,7 @@ from apps.proxy.models import Interaction
 from apps.proxy.routes import DEFAULT_ROUTE, route_upsert
 from apps.runs.models import Run
 from apps.training.models import Checkpoint, LearningUpdate, UpdateStatus
-from tests.harness.conftest import proxy_start
+from tests.harness.conftest import harness_checked, proxy_start
 from tests.trials.conftest import wait_for
 from tests.trials.test_end_to_end import publish, submit
 
@@ -95,6 +95,9 @@ def test_a_train_run_on_codex_attempts_takes_an_update_step(stack, alice, tmp_pa
         "save_every": 1,
         "max_concurrency": 2,
     }
+    # A train run needs the installed Codex build to have passed the harness check: run it.
+    check = harness_checked(engine="codex", tmp=tmp_path / "harness-check", tokenizer_dir=tokenizer_dir)
+    assert check.passed, check.report["failures"]
     run_id = submit(
         alice, kind="train", dataset=dataset.reference, actor=publish(alice, "codex", CODEX_RECIPE), plan=plan
     )

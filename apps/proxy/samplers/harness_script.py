@@ -5,8 +5,8 @@ It answers in Qwen3's native markup (a think block, then ``<tool_call>`` JSON or
 ``<|im_end|>``), deciding from the rendered prompt alone:
 
 * the check's task (its prompt carries :data:`TASK_MARKER`), no tool result yet: one call of
-  the harness's shell tool (Claude Code's ``Bash``, synth-mini's ``bash``, whichever the
-  request offers) that writes :data:`EXPECTED_TEXT` to :data:`OUT_FILE` in the working
+  the harness's shell tool (Claude Code's ``Bash``, synth-mini's ``bash``, Codex's
+  ``exec_command``, whichever the request offers) that writes :data:`EXPECTED_TEXT` to :data:`OUT_FILE` in the working
   directory;
 * the task after the tool's result: a final text;
 * any other call (a harness's side calls, none expected with nonessential traffic off): a
@@ -34,6 +34,7 @@ FAMILY = "qwen3"
 SHELL_TOOLS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("Bash", {"command": f"echo {EXPECTED_TEXT} > {OUT_FILE}", "description": "Write the check's output file"}),
     ("bash", {"command": f"echo {EXPECTED_TEXT} > {OUT_FILE}"}),
+    ("exec_command", {"cmd": f"echo {EXPECTED_TEXT} > {OUT_FILE}"}),
 )
 
 

@@ -4,12 +4,14 @@ that build to have passed ``manage.py harness_check``.
 The rule: a check applies to every engine whose harness the platform pins and launches
 itself, because only then does the platform know which build runs (its digest) and can it
 script a task for it. Among those, a train run REQUIRES a passing check for a harness that
-is installed apart from the platform's code (claude-code: the npm package's executable,
-``SYNTH_CLAUDE_CODE_BIN``), since that build can change under an unchanged platform (an
+is installed apart from the platform's code (claude-code and codex: an npm package's native
+executable, ``SYNTH_CLAUDE_CODE_BIN``, ``SYNTH_CODEX_SANDBOX_BIN``), since that build can change under an unchanged platform (an
 ``npm ci`` of another pin, a replaced file) and training then learns from whatever it sends.
 
 * claude-code: digest = sha256 of the resolved executable the trials host binds into
   sandboxes; version = its npm package's version. Checkable and required.
+* codex: the same for the Codex CLI's native executable (the platform package npm installs
+  with @openai/codex). Checkable and required.
 * synth-mini: digest = sha256 of ``synth_launcher/mini_agent.py``, the file RecipeAgent
   uploads; version = its VERSION. Checkable, not required: it is part of the platform's own
   source, released and tested (tests/launcher/test_synth_mini.py) with the adapters it talks
@@ -29,8 +31,8 @@ from pathlib import Path
 
 from synth_launcher.engines import ENGINES
 
-CHECKABLE = ("claude-code", "synth-mini")
-REQUIRED_FOR_TRAINING = ("claude-code",)
+CHECKABLE = ("claude-code", "codex", "synth-mini")
+REQUIRED_FOR_TRAINING = ("claude-code", "codex")
 
 
 class HarnessUnavailable(Exception):
@@ -68,18 +70,16 @@ def file_sha256(*, path: Path) -> str:
     return digest
 
 
-def _claude_code_version(*, executable: Path) -> str:
-    """The npm package's version: the executable lives in the package (``bin/claude.exe``)."""
+def _package_version(*, executable: Path) -> str:
+    """The npm package's version: the executable lives in its package (Claude Code's
+    ``bin/claude.exe``; Codex's native build in ``@openai/codex-linux-x64/vendor/...``)."""
     for parent in executable.parents:
         manifest = parent / "package.json"
         if manifest.is_file():
             try:
-                data = json.loads(manifest.read_text())
+                return str(json.loads(manifest.read_text()).get("version", ""))
             except ValueError:
                 return ""
-            if str(data.get("name", "")).startswith("@anthropic-ai/claude-code"):
-                return str(data.get("version", ""))
-            return ""
     return ""
 
 
@@ -92,20 +92,22 @@ def _synth_mini_version(*, source: Path) -> str:
 
 def harness_identity(*, engine: str) -> HarnessIdentity:
     """The build of ``engine``'s harness this installation runs (HarnessUnavailable if none)."""
-    if engine == "claude-code":
+    known = ENGINES.get(engine)
+    if known is not None and known.host_binary is not None and engine in CHECKABLE:
         from django.conf import settings
 
-        from apps.trials.model_access import claude_code_binary
+        from apps.trials.model_access import host_binary_path
 
-        executable = claude_code_binary()
+        binary = known.host_binary
+        executable = host_binary_path(binary=binary)
         if executable is None:
             raise HarnessUnavailable(
-                f"Claude Code is not installed at {settings.SYNTH_CLAUDE_CODE_BIN} (SYNTH_CLAUDE_CODE_BIN); "
+                f"{binary.label} is not installed at {getattr(settings, binary.setting)} ({binary.setting}); "
                 "run `npm ci` in the repository root"
             )
         return HarnessIdentity(
             engine=engine,
-            version=_claude_code_version(executable=executable),
+            version=_package_version(executable=executable),
             digest=file_sha256(path=executable),
             path=executable,
         )
@@ -114,7 +116,7 @@ def harness_identity(*, engine: str) -> HarnessIdentity:
         return HarnessIdentity(
             engine=engine, version=_synth_mini_version(source=source), digest=file_sha256(path=source), path=source
         )
-    if engine in ENGINES:
+    if known is not None:
         raise HarnessUnavailable(
             f"engine {engine!r} has no harness the platform can check (checkable: {', '.join(CHECKABLE)})"
         )

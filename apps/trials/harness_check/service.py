@@ -46,7 +46,7 @@ from apps.proxy.models import HarnessCheck, Interaction
 from apps.proxy.samplers import harness_script as script
 from apps.trials.harness_check.analysis import Call, rerender_check, shapes_summary, tool_round_trip
 from apps.trials.harness_check.identity import HarnessIdentity, HarnessUnavailable, harness_identity
-from synth_launcher.engines import CLAUDE_CODE_BINARY
+from synth_launcher import engines
 
 ROUTE = "harness-check-qwen3"
 CHECK_ORG = "harness-check"
@@ -62,6 +62,11 @@ RECIPES: dict[str, dict[str, Any]] = {
         "engine": {"name": "claude-code", "version": "2"},
         "workdir": "${task.workdir}",
         "args": ["--max-turns", "6"],
+        "instruction": {"via": "argument"},
+        "limits": {"timeout_sec": AGENT_TIMEOUT_SEC},
+    },
+    "codex": {
+        "engine": {"name": "codex", "version": "0"},
         "instruction": {"via": "argument"},
         "limits": {"timeout_sec": AGENT_TIMEOUT_SEC},
     },
@@ -168,9 +173,10 @@ def _attempt(
 
     from apps.trials.model_access import (
         ModelAccess,
+        ModelAccessError,
         environment_import_path,
+        host_binaries_bind,
         sandbox_model_options,
-        staged_for_sandbox,
     )
     from synth_launcher.harbor_agent import recipe_agent_config
     from synth_launcher.launcher import (
@@ -184,7 +190,11 @@ def _attempt(
     from synth_sandbox.boundary import trial_boundary_install
     from synth_sandbox.support import task_workdir
 
-    claude = staged_for_sandbox(path=identity.path) if identity.engine == "claude-code" else None
+    # Every installed harness executable, as a trials host binds them (the engine's own required).
+    try:
+        binds = host_binaries_bind(required=engines.ENGINES[identity.engine].host_binary)
+    except ModelAccessError as exc:
+        raise HarnessCheckError(exc.message) from None
     org = org_get_or_create(slug=CHECK_ORG, name="Harness checks")
     cred, secret = model_credential_issue(
         org=org,
@@ -201,7 +211,7 @@ def _attempt(
         secret=secret,
         socket=socket_path,
         port=port,
-        binds=((claude, CLAUDE_CODE_BINARY.target),) if claude is not None else (),
+        binds=binds,
     )
     harbor_task = HarborTask(task_dir)
     bindings = Bindings(
@@ -217,7 +227,10 @@ def _attempt(
         credential=secret,
         proxy_address=f"unix:{socket_path}",
     )
-    plan = launch_plan_build(recipe={**RECIPES[identity.engine], "model": {"route": route.name}}, bindings=bindings)
+    recipe = {**RECIPES[identity.engine], "model": {"route": route.name}}
+    if identity.version:  # the installed build's, as a profile pinning it would say
+        recipe["engine"] = {"name": identity.engine, "version": identity.version[:64]}
+    plan = launch_plan_build(recipe=recipe, bindings=bindings)
     kwargs, env = sandbox_model_options(access=access)
     config = TrialConfig(
         task=HarborTaskConfig(path=task_dir),
@@ -304,11 +317,12 @@ def harness_check_run(*, engine: str, env: Mapping[str, str] | None = None) -> H
         identity = harness_identity(engine=engine)
     except HarnessUnavailable as exc:
         raise HarnessCheckError(str(exc)) from None
-    if identity.engine == "claude-code":
-        from apps.trials.model_access import ModelAccessError, claude_code_check
+    binary = engines.ENGINES[engine].host_binary
+    if binary is not None:
+        from apps.trials.model_access import ModelAccessError, host_binary_check
 
         try:
-            claude_code_check(path=identity.path)  # what a trials host requires to bind it
+            host_binary_check(binary=binary, path=identity.path)  # what a trials host requires to bind it
         except ModelAccessError as exc:
             raise HarnessCheckError(exc.message) from None
     try:
