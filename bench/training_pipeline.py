@@ -10,7 +10,7 @@ its own organization. Attempts run on ``--workers`` threads as trials workers wo
 samples its group's binding with the proxy's local sampler (the route's tiny model, or the
 checkpoint's adapter), and its capture is staged and settled as the proxy does (evidence
 published by the learner); then the attempt "works" (one group much longer than the others:
-``--slow-seconds``, by default calibrated to the time the other groups' training takes) and
+``--slow-seconds``, by default the time the other groups' training took in a warm-up batch) and
 its trial settles with a reward (the mean of (id mod 97) / 96 over its sampled ids).
 
 * sequential (lockstep): the learner waits for the whole batch, then ``update_apply`` does
@@ -311,10 +311,10 @@ def main() -> None:
 
     # A first lockstep batch without a slow group warms the process (models built, first
     # torch calls) and calibrates: unless told, the slow group then works as long as the
-    # other groups take to sample and train (real batches differ by minutes).
+    # other groups' training takes (real batches differ by minutes).
     probe = one_batch(args=args, mode="sequential", slow_seconds=0.0, attempts=attempts, org=f"probe-{stamp}")
     per_group = probe["update"].metrics["train_seconds"] / args.groups
-    slow_seconds = args.slow_seconds or round(max(1.0, probe["sampled"] + per_group * (args.groups - 1)), 2)
+    slow_seconds = args.slow_seconds or round(max(1.0, per_group * (args.groups - 1)), 2)
     print(
         f"warm-up: lockstep batch {probe['seconds']:.2f} s (sampled in {probe['sampled']:.2f} s), "
         f"{per_group:.2f} s of training per group"

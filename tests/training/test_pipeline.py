@@ -8,7 +8,8 @@ learner feeds each settled group's forward/backward before the optimizer step.
 * max_staleness 1: the next batch samples S0 while the update runs, its kl is reported by
   staleness, and groups more than one step behind are excluded and recorded;
 * gradients fed group by group, in any order and delivered twice, give the lockstep update;
-* a training worker killed mid-batch: its forward/backward is done again, once.
+* a training worker killed mid-batch: the sweeper moves the step on, and its
+  forward/backward is done again, once.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from django.conf import settings
 from django.db import connection
 
 from apps.accounts.services import org_get_or_create
 from apps.core.process import process_identity
 from apps.proxy.models import Interaction
 from apps.runs.models import RunEvent, SamplingGroup, Trial
+from apps.runs.sweeper import sweep_tick
 from apps.training.models import (
     Checkpoint,
     ContributionStatus,
@@ -198,7 +199,7 @@ time.sleep(600)
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_worker_killed_mid_batch_has_its_forward_backward_done_again_once(attempts):
+def test_a_worker_killed_mid_batch_has_its_forward_backward_done_again_once(attempts, settings):
     lockstep = _train_run("lockstep-crash", steps=1)
     training_start(run_id=lockstep.id)
     _attempt_all(attempts, lockstep, 0, feed=False)
@@ -228,12 +229,15 @@ def test_a_worker_killed_mid_batch_has_its_forward_backward_done_again_once(atte
     submitted = list(GroupContribution.objects.filter(update__run=run))
     assert len(submitted) == 2 and {(c.status, c.holder) for c in submitted} == {(ContributionStatus.SUBMITTED, dead)}
 
-    # The last group settles; this process feeds it, and the update re-does what died.
-    _attempt_all(attempts, run, 0, positions=[2])
+    # The last group settles and its message is lost too: the sweeper moves the step on,
+    # and the update (in this process) does again what died with the feeder, once.
+    _attempt_all(attempts, run, 0, positions=[2], feed=False)
+    settings.SYNTH_SWEEP_GRACE_SECONDS = 0
+    assert sweep_tick().get("steps_settled") == 1
     update = _update(run, 0)
-    assert update.status == UpdateStatus.APPLIED
+    assert update.status == UpdateStatus.APPLIED and update.metrics["groups_submitted_late"] == 3
     contributions = list(GroupContribution.objects.filter(update=update))
-    assert {c.holder for c in contributions} == {process_identity()}
+    assert len(contributions) == 3 and {c.holder for c in contributions} == {process_identity()}
     assert update.metrics["loss_sum"] == pytest.approx(expected.metrics["loss_sum"], rel=1e-5)
     assert _weights_close(update.checkpoint, expected.checkpoint) < 1e-6
     assert torch.isfinite(torch.tensor(update.metrics["grad_norm"]))
