@@ -98,13 +98,25 @@ def _regrade_build(*, run: Run, source_id: str) -> tuple[list[SamplingGroup], li
 
 
 def _groups_build(
-    *, run: Run, step: int, tasks: Iterable[tuple[int, TaskVersion]], attempts: int, sampler: dict[str, Any]
+    *,
+    run: Run,
+    step: int,
+    tasks: Iterable[tuple[int, TaskVersion]],
+    attempts: int,
+    sampler: dict[str, Any],
+    sampler_step: int = 0,
 ) -> tuple[list[SamplingGroup], list[Trial]]:
     groups: list[SamplingGroup] = []
     trials: list[Trial] = []
     for position, task_version in tasks:
         group = SamplingGroup(
-            run=run, step=step, position=position, task_version=task_version, attempts=attempts, sampler=sampler
+            run=run,
+            step=step,
+            position=position,
+            task_version=task_version,
+            attempts=attempts,
+            sampler=sampler,
+            sampler_step=sampler_step,
         )
         groups.append(group)
         trials.extend(Trial(run=run, group=group, attempt=i, task_version=task_version) for i in range(attempts))
@@ -127,26 +139,47 @@ def _train_run_start(*, run: Run) -> int:
 
 
 def batch_add(
-    *, run_id: str, step: int, tasks: list[tuple[int, TaskVersion]], attempts: int, sampler: dict[str, Any]
+    *,
+    run_id: str,
+    step: int,
+    tasks: list[tuple[int, TaskVersion]],
+    attempts: int,
+    sampler: dict[str, Any],
+    sampler_step: int = 0,
 ) -> list[SamplingGroup]:
     """Add one batch of sampling groups to a running run (a train run's next step) and
-    start its trials. Returns [] if the run is no longer running or the step exists."""
+    start its trials; ``sampler_step`` is the step whose weights ``sampler`` holds.
+    Returns [] if the run is no longer running or the step exists."""
     with transaction.atomic():
         run = Run.objects.select_for_update(of=("self",)).get(pk=run_id)
         if run.status != RunStatus.RUNNING or run.groups.filter(step=step).exists():
             return []
-        groups, trials = _groups_build(run=run, step=step, tasks=tasks, attempts=attempts, sampler=sampler)
+        groups, trials = _groups_build(
+            run=run, step=step, tasks=tasks, attempts=attempts, sampler=sampler, sampler_step=sampler_step
+        )
         event_append(
             run_id=run.id,
             type="batch.started",
-            data={"step": step, "groups": len(groups), "trials": len(trials), "sampler": sampler},
+            data={
+                "step": step,
+                "groups": len(groups),
+                "trials": len(trials),
+                "sampler": sampler,
+                "sampler_step": sampler_step,
+            },
         )
         transaction.on_commit(lambda: trials_enqueue(run_id=run_id))
     return groups
 
 
 def batch_extend(
-    *, run_id: str, step: int, tasks: list[tuple[int, TaskVersion]], attempts: int, sampler: dict[str, Any]
+    *,
+    run_id: str,
+    step: int,
+    tasks: list[tuple[int, TaskVersion]],
+    attempts: int,
+    sampler: dict[str, Any],
+    sampler_step: int = 0,
 ) -> list[SamplingGroup]:
     """Add groups to a running run's existing batch (a train run drawing replacements for
     groups without learning signal) and start their trials. Tasks already in the step are
@@ -159,11 +192,19 @@ def batch_extend(
         fresh = [(position, task) for position, task in tasks if position not in taken]
         if not fresh:
             return []
-        groups, trials = _groups_build(run=run, step=step, tasks=fresh, attempts=attempts, sampler=sampler)
+        groups, trials = _groups_build(
+            run=run, step=step, tasks=fresh, attempts=attempts, sampler=sampler, sampler_step=sampler_step
+        )
         event_append(
             run_id=run.id,
             type="batch.extended",
-            data={"step": step, "groups": len(groups), "trials": len(trials), "sampler": sampler},
+            data={
+                "step": step,
+                "groups": len(groups),
+                "trials": len(trials),
+                "sampler": sampler,
+                "sampler_step": sampler_step,
+            },
         )
         transaction.on_commit(lambda: trials_enqueue(run_id=run_id))
     return groups

@@ -185,6 +185,7 @@ class SamplingGroup(models.Model):
     task_version = models.ForeignKey("datasets.TaskVersion", on_delete=models.PROTECT, related_name="+")
     attempts = models.PositiveIntegerField()
     sampler = models.JSONField(default=dict, blank=True)
+    sampler_step = models.PositiveIntegerField(default=0, help_text="training: the step whose weights it samples")
     status = models.CharField(max_length=16, choices=GroupStatus.choices, default=GroupStatus.PENDING)
     summary = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

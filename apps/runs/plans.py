@@ -152,6 +152,15 @@ PLAN_SCHEMAS: dict[str, dict[str, Any]] = {
                 "default": "importance_sampling",
             },
             "save_every": {"type": "integer", "minimum": 1, "default": 5},
+            "max_staleness": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": 8,
+                "default": 0,
+                "description": "steps behind the trained weights a group may have sampled: 0 is the strict "
+                "boundary (a batch samples the weights of the update before it); k > 0 lets the next batch "
+                "sample the previous weights while an update runs, and excludes groups more than k behind",
+            },
             "seed": {"type": "integer", "minimum": 0, "default": 0, "description": "LoRA initialisation seed"},
             "eligibility": {
                 "type": "object",

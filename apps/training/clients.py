@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,31 @@ from apps.training.backends import backend_service
 from apps.training.backends.local import LOCAL_SCHEME, path_dir
 from apps.training.models import Trainer
 
-# One live training client per train run in this process, with the state path it holds:
-# the next step reuses it instead of reloading, if nothing else trained the run meanwhile.
-_clients: dict[str, tuple[str, Any]] = {}
+
+@dataclass
+class LiveClient:
+    """A train run's training client in this process and what it holds: its weights are
+    those of ``state_path`` after ``step`` updates, and it has accumulated the gradients of
+    the contributions ``keys`` (of the update of ``step``) since its last optimizer step.
+    Use it only under the run's ``client_lock``."""
+
+    client: Any
+    state_path: str
+    step: int
+    keys: set[str] = field(default_factory=set)
+
+
+# One live training client per train run in this process: the next group's or step's work
+# reuses it instead of reloading, if nothing else trained the run meanwhile.
+_clients: dict[str, LiveClient] = {}
 _clients_lock = threading.Lock()
+_run_locks: dict[str, threading.RLock] = {}
+
+
+def client_lock(run_id: str) -> threading.RLock:
+    """Held while a thread of this process uses (or replaces) the run's live client."""
+    with _clients_lock:
+        return _run_locks.setdefault(run_id, threading.RLock())
 
 
 def _local_root() -> Path:
@@ -38,11 +60,14 @@ def _state_to_backend(*, trainer: Trainer) -> str:
     return trainer.state_path
 
 
-def training_client(*, trainer: Trainer, plan: dict[str, Any]) -> Any:
+def live_client(*, trainer: Trainer, plan: dict[str, Any]) -> LiveClient:
+    """The run's live client holding the trainer's saved weights (``trainer.state_path``,
+    ``trainer.sampler_step`` updates in), made from that state if this process has none."""
     with _clients_lock:
         cached = _clients.get(trainer.run_id)
-    if cached is not None and cached[0] == trainer.state_path:
-        return cached[1]
+    if cached is not None and cached.state_path == trainer.state_path and cached.step == trainer.sampler_step:
+        return cached
+    client_forget(trainer.run_id)
     route = ModelRoute.objects.get(name=trainer.route)
     service = backend_service(backend=trainer.backend, route=route, root=_local_root())
     if trainer.state_path and trainer.state_path == trainer.weights_only_state:
@@ -54,22 +79,40 @@ def training_client(*, trainer: Trainer, plan: dict[str, Any]) -> Any:
         client = service.create_lora_training_client(
             trainer.base_model, rank=int(plan.get("lora_rank", 32)), seed=int(plan.get("seed", 0))
         ).result()
+    live = LiveClient(client=client, state_path=trainer.state_path, step=trainer.sampler_step)
     with _clients_lock:
-        _clients[trainer.run_id] = (trainer.state_path, client)
-    return client
+        _clients[trainer.run_id] = live
+    return live
 
 
-def client_state_note(*, run_id: str, state_path: str) -> None:
-    """The run's live client now holds this saved state: the next step may reuse it."""
+def training_client(*, trainer: Trainer, plan: dict[str, Any]) -> Any:
+    return live_client(trainer=trainer, plan=plan).client
+
+
+def client_state_note(*, run_id: str, state_path: str, step: int | None = None) -> None:
+    """The run's live client now holds this saved state (after ``step`` updates): the next
+    step may reuse it. Its accumulated gradients were spent by the optimizer step."""
     with _clients_lock:
-        if run_id in _clients:
-            _clients[run_id] = (state_path, _clients[run_id][1])
+        live = _clients.get(run_id)
+    if live is not None:
+        live.state_path = state_path
+        if step is not None:
+            live.step = step
+            live.keys.clear()
+
+
+def client_skip(*, run_id: str, step: int) -> None:
+    """The update before ``step`` was skipped: the live client's weights are those of ``step``."""
+    with _clients_lock:
+        live = _clients.get(run_id)
+    if live is not None and not live.keys:
+        live.step = step
 
 
 def client_forget(run_id: str) -> None:
     with _clients_lock:
         cached = _clients.pop(run_id, None)
-    close = getattr(cached[1], "close", None) if cached else None
+    close = getattr(cached.client, "close", None) if cached else None
     if close is not None:
         close()  # the local backend's ordered worker thread and model
 

@@ -1,8 +1,11 @@
 """Training state, learning updates and checkpoints.
 
-A train run samples batches of sampling groups against a sampler snapshot; when every
-group of a batch has settled, one learning update turns their assessed attempts into
-datums, takes an optimizer step and saves a checkpoint, which the next batch samples from.
+A train run samples batches of sampling groups against a sampler snapshot. As each group
+of a batch settles, its contribution to the step's learning update is recorded (its
+datums' forward/backward goes to the backend while slower groups still sample); when every
+group has contributed or been excluded, the update takes an optimizer step and saves a
+checkpoint, which the next batch samples from (or, with ``max_staleness`` > 0, the batch
+after it: the next batch may already be sampling the previous weights).
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ class Trainer(models.Model):
     step = models.PositiveIntegerField(default=0, help_text="the step whose batch is sampling (or updating)")
     dataset_cursor = models.PositiveIntegerField(default=0, help_text="tasks consumed so far, across epochs")
     sampler = models.JSONField(help_text="the model binding the current batch samples from")
+    sampler_step = models.PositiveIntegerField(
+        default=0, help_text="the step whose weights `sampler` holds (a skipped update keeps them and counts)"
+    )
     state_path = models.CharField(max_length=500, blank=True, help_text="last saved trainer state (to resume)")
     # A continuation starts at the step of the checkpoint it continues (numbering goes on);
     # the run takes plan.steps updates from there.
@@ -127,6 +133,49 @@ class Checkpoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} ({self.run_id} step {self.step})"
+
+
+class ContributionStatus(models.TextChoices):
+    READY = "ready"  # eligible, with datums: its forward/backward is due
+    SUBMITTED = "submitted"  # its forward/backward ran in the process `holder`
+    EXCLUDED = "excluded"  # gives the update nothing: `reason` says why
+
+
+class GroupContribution(models.Model):
+    """What one sampling group gave one learning update: the update's lineage, and the
+    idempotency of the group's forward/backward (one per group per update, ``key``).
+
+    A process that runs the forward/backward of a contribution remembers its key with the
+    gradients it accumulated; the process taking the optimizer step submits every included
+    contribution its own training client has not accumulated, so gradients that died with
+    another process are computed again and none is counted twice.
+    """
+
+    group = models.OneToOneField(
+        "runs.SamplingGroup", primary_key=True, on_delete=models.CASCADE, related_name="contribution"
+    )
+    update = models.ForeignKey(LearningUpdate, on_delete=models.CASCADE, related_name="contributions")
+    sampler_step = models.PositiveIntegerField(help_text="the step whose weights the group sampled")
+    staleness = models.PositiveIntegerField(default=0, help_text="update step - sampler step")
+    status = models.CharField(max_length=16, choices=ContributionStatus.choices)
+    reason = models.TextField(blank=True, help_text="why it is excluded")
+    summary = models.JSONField(default=dict, blank=True, help_text="qualified, rewards, problems")
+    datums = models.PositiveIntegerField(default=0)
+    sampled_tokens = models.PositiveIntegerField(default=0)
+    holder = models.CharField(max_length=200, blank=True, help_text="the process that last ran its forward/backward")
+    metrics = models.JSONField(default=dict, blank=True, help_text="loss, kl_sum, kl_tokens of its forward/backward")
+    created_at = models.DateTimeField(auto_now_add=True)
+    submitted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["update", "created_at"]
+
+    @property
+    def key(self) -> str:
+        return f"{self.update_id}:{self.group_id}"
+
+    def __str__(self) -> str:
+        return f"{self.group_id} -> {self.update_id} ({self.status})"
 
 
 class GroupReplacement(models.Model):

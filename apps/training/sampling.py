@@ -111,7 +111,12 @@ def groups_refill(*, run: Run, trainer: Trainer, step: int) -> int:
     if not drawn:
         return 0  # every task of the dataset is in this step already
     added = batch_extend(
-        run_id=run.id, step=step, tasks=drawn, attempts=int(plan["group_size"]), sampler=trainer.sampler
+        run_id=run.id,
+        step=step,
+        tasks=drawn,
+        attempts=int(plan["group_size"]),
+        sampler=trainer.sampler,
+        sampler_step=trainer.sampler_step,
     )
     trainer.dataset_cursor += scanned
     trainer.save(update_fields=["dataset_cursor", "updated_at"])

@@ -5,8 +5,10 @@ A train run is driven step by step:
 1. ``training_start``: pin the trainer (backend, route, what step 0 samples from) and add
    the first batch (``batch_size`` tasks from the dataset cursor, ``group_size`` attempts
    each) through the runs services.
-2. Groups settle as their attempts end; when the last group of the step settles,
-   ``step_settled`` moves the trainer to ``updating``.
+2. Groups settle as their attempts end; each gives the step's update its contribution at
+   once (``apps.training.pipeline.step_feed``: datums, forward/backward), and when the last
+   group of the step settles, ``step_settled`` moves the trainer to ``updating`` (and, with
+   ``max_staleness`` > 0, starts the next batch on the current weights).
 3. ``apps.training.updates.update_apply`` applies the step's learning update, records its
    checkpoint and adds the next batch (or ends the run).
 
@@ -28,7 +30,7 @@ from apps.runs.models import GroupStatus, Run, RunStatus, SamplingGroup
 from apps.runs.services import event_append
 from apps.runs.settlement import run_complete
 from apps.training.backends import BackendUnavailable, backend_service, base_model_name
-from apps.training.continuation import Start, continuation_start
+from apps.training.continuation import Start, continuation_start, trainer_end_step
 from apps.training.models import Trainer, TrainerStatus
 from apps.training.sampling import groups_refill, train_entries
 from apps.training.transitions import trainer_transition
@@ -82,6 +84,7 @@ def training_start(*, run_id: str) -> Trainer | None:
             state_path=start.state_path,
             step=start.step,
             first_step=start.step,
+            sampler_step=start.step,  # a continued checkpoint's weights hold its steps
             dataset_cursor=start.dataset_cursor,
             weights_only_state=start.state_path if start.weights_only else "",
             status=TrainerStatus.FAILED if problem else TrainerStatus.SAMPLING,
@@ -113,8 +116,13 @@ def training_start(*, run_id: str) -> Trainer | None:
     return trainer
 
 
-def batch_start(*, run: Run, trainer: Trainer) -> None:
-    """Add the trainer's current step as a batch of groups. Caller holds the run lock."""
+def batch_start(*, run: Run, trainer: Trainer, step: int | None = None) -> bool:
+    """Add ``step`` (default: the trainer's current step) as a batch of groups sampling the
+    trainer's current weights. Caller holds the run lock. False if that batch exists (it
+    was started early, while the update before it ran)."""
+    step = trainer.step if step is None else step
+    if SamplingGroup.objects.filter(run=run, step=step).exists():
+        return False
     plan = run.spec.plan
     entries = train_entries(run=run)
     if not entries:
@@ -122,9 +130,37 @@ def batch_start(*, run: Run, trainer: Trainer) -> None:
     # The cursor walks the dataset in order and wraps (epochs); a batch never holds one task twice.
     size = min(int(plan.get("batch_size", 4)), len(entries))
     batch = [entries[(trainer.dataset_cursor + i) % len(entries)] for i in range(size)]
-    batch_add(run_id=run.id, step=trainer.step, tasks=batch, attempts=int(plan["group_size"]), sampler=trainer.sampler)
+    batch_add(
+        run_id=run.id,
+        step=step,
+        tasks=batch,
+        attempts=int(plan["group_size"]),
+        sampler=trainer.sampler,
+        sampler_step=trainer.sampler_step,
+    )
     trainer.dataset_cursor += size
     trainer.save(update_fields=["dataset_cursor", "updated_at"])
+    return True
+
+
+def _next_batch_early(*, run: Run, trainer: Trainer) -> None:
+    """With ``max_staleness`` k > 0 the batch after the updating step starts now, on the
+    weights the trainer has (the update's are not saved yet), if they are at most k steps
+    behind it. Caller holds the run lock; the trainer has just moved to updating."""
+    plan = run.spec.plan
+    following = trainer.step + 1
+    if (
+        following >= trainer_end_step(trainer=trainer, plan=plan)
+        or run.cancel_requested_at is not None
+        or run.is_terminal
+    ):
+        return
+    if following - trainer.sampler_step > int(plan.get("max_staleness", 0)):
+        return
+    try:
+        batch_start(run=run, trainer=trainer, step=following)
+    except TrainingFailed:
+        return  # the strict path meets the same problem after the update and ends the run there
 
 
 def step_settled(*, run_id: str, step: int) -> bool:
@@ -151,6 +187,7 @@ def step_settled(*, run_id: str, step: int) -> bool:
             return False
         if not trainer_transition(trainer=trainer, to=TrainerStatus.UPDATING, event="training.updating"):
             return False
+        _next_batch_early(run=Run.objects.select_related("spec").get(pk=run_id), trainer=trainer)
         from apps.training.tasks import update_apply_task
 
         # Exactly one update task per step: only the call that moved the trainer enqueues it.

@@ -17,11 +17,13 @@ def training_start_task(run_id: str) -> None:
     training_start(run_id=run_id)
 
 
-@shared_task(name="training.group_settled", acks_late=True, soft_time_limit=60, time_limit=90)
+# A group's forward/backward runs here (on the run's training client in this process), so
+# the limits are an update's; a lost or failed one leaves its work to the update itself.
+@shared_task(name="training.group_settled", acks_late=True, soft_time_limit=3 * 3600, time_limit=3 * 3600 + 300)
 def group_settled_task(run_id: str, step: int) -> None:
-    from apps.training.services import step_settled
+    from apps.training.pipeline import step_feed
 
-    step_settled(run_id=run_id, step=step)
+    step_feed(run_id=run_id, step=step)
 
 
 # acks_late + reject_on_worker_lost: a lost worker's update is delivered again; the update's

@@ -1,12 +1,12 @@
 """Learning updates: holding one per process, gathering a step's data, the optimizer step,
 the checkpoint, and what comes after (the next batch or the end of the run).
 
-``update_apply`` joins each attempt's assessment to its captured tokens (publishing any
-evidence still staged), qualifies attempts, applies the plan's eligibility, computes
-group-centred advantages and packs datums (``apps.training.datums``); durably marks the
-update unresolved, runs forward_backward + optim_step, saves sampler weights and trainer
-state, records the checkpoint and settles the update; then the next batch samples from the
-new checkpoint. An update left unresolved (a crash between the optimizer step and the saved
+``update_apply`` takes the step's contributions (``apps.training.pipeline``: recorded as
+each group settled, or now for any that were not), submits the forward/backward of those
+its process' training client has not accumulated, durably marks the update unresolved,
+steps the optimizer, saves sampler weights and trainer state, records the checkpoint and
+settles the update; then the next batch samples from the new checkpoint (or is already
+sampling the previous one, with ``max_staleness`` > 0). An update left unresolved (a crash between the optimizer step and the saved
 checkpoint) blocks automatic continuation: the weights are then unknown.
 """
 
@@ -24,14 +24,28 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.core.process import process_alive, process_identity
-from apps.runs.models import Run, SamplingGroup
-from apps.runs.services import event_append
-from apps.runs.settlement import run_complete
-from apps.training.clients import client_forget, client_state_note, training_client, weights_persist
+from apps.runs.models import Run
+from apps.runs.services import event_append, run_cancel
+from apps.runs.settlement import LIVE_TRIAL, run_complete
+from apps.training.clients import (
+    client_forget,
+    client_lock,
+    client_skip,
+    client_state_note,
+    live_client,
+    weights_persist,
+)
 from apps.training.continuation import checkpoint_resume, trainer_end_step
-from apps.training.datums import datums_to_tinker, group_prepare
-from apps.training.evidence import group_attempts, group_summary
-from apps.training.models import Checkpoint, LearningUpdate, Trainer, TrainerStatus, UpdateStatus
+from apps.training.models import (
+    Checkpoint,
+    ContributionStatus,
+    GroupContribution,
+    LearningUpdate,
+    Trainer,
+    TrainerStatus,
+    UpdateStatus,
+)
+from apps.training.pipeline import INCLUDED, Recorded, contribution_submit, contributions_record
 from apps.training.sampling import TRUNCATED, replacements_summary
 from apps.training.services import TrainingFailed, batch_start
 from apps.training.transitions import trainer_transition, update_transition
@@ -93,19 +107,6 @@ class UpdateKeeper(threading.Thread):
         self._halt.set()
 
 
-def _kl_sample_train(*, datums: list[Any], outputs: list[dict[str, Any]]) -> float | None:
-    """Mean (sampler logprob - trainer logprob) over trained tokens: ~0 when the proxy
-    sampled from exactly the weights the trainer holds (on-policy)."""
-    total, count = 0.0, 0
-    for datum, output in zip(datums, outputs, strict=True):
-        trainer_lp = output["logprobs"].tolist()
-        for i, advantage in enumerate(datum.advantages):
-            if advantage != 0.0:
-                total += datum.logprobs[i] - trainer_lp[i]
-                count += 1
-    return total / count if count else None
-
-
 def update_fail(*, update: LearningUpdate, trainer: Trainer, error: str, blocked: bool) -> None:
     """End the run on a failed update: failed (nothing changed the weights) or blocked (an
     optimizer step may have: the update stays unresolved and nobody holds it)."""
@@ -129,7 +130,11 @@ def update_fail(*, update: LearningUpdate, trainer: Trainer, error: str, blocked
             event="training.blocked" if blocked else "training.failed",
             data={"step": update.step, "update": update.id, "error": error[:2000]},
         )
-        run_complete(run_id=trainer.run_id, error=error, extra_summary=training_summary(run_id=trainer.run_id))
+        _run_end(
+            run=Run.objects.select_related("org").get(pk=trainer.run_id),
+            error=error,
+            summary=training_summary(run_id=trainer.run_id),
+        )
 
 
 def update_apply(*, run_id: str, step: int) -> LearningUpdate | None:
@@ -164,43 +169,70 @@ def update_apply(*, run_id: str, step: int) -> LearningUpdate | None:
         keeper.stop()
 
 
-def _update_run(*, trainer: Trainer, update: LearningUpdate, holder: str) -> LearningUpdate:
-    run = trainer.run
-    plan = run.spec.plan
-    step = update.step
-    eligibility = plan.get("eligibility") or {}
-    started = time.monotonic()
-    try:
-        groups = list(SamplingGroup.objects.filter(run=run, step=step).select_related("run").order_by("position"))
-        prepared = [
-            group_prepare(
-                group_id=group.id,
-                attempts=group_attempts(group=group),
-                min_valid=int(eligibility.get("min_valid_per_group", 2)),
-                require_variance=bool(eligibility.get("require_reward_variance", True)),
-            )
-            for group in groups
-        ]
-    except Exception as exc:  # noqa: BLE001 - any failure to gather data ends the run clearly
-        logger.exception("gathering the data of %s step %s failed", run.id, step)
-        update_fail(update=update, trainer=trainer, error=f"gathering step {step}'s data failed: {exc}", blocked=False)
-        return update
-    datums = [d for g in prepared for d in g.datums]
-    rewards = [r for g in prepared for r in g.rewards]
+def _gathered(*, contributions: list[GroupContribution]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the update's record of its groups, its metrics so far) from its contributions."""
+    included = [c for c in contributions if c.status != ContributionStatus.EXCLUDED]
+    rewards = [r for c in contributions for r in (c.summary or {}).get("rewards", [])]
     gathered = {
-        "groups": [group_summary(g) for g in prepared],
-        "datums": len(datums),
-        "sampled_tokens": sum(d.sampled_tokens for d in datums),
+        "groups": [
+            {
+                **(c.summary or {"group": c.group_id}),
+                "skipped": c.reason or None,
+                "sampler_step": c.sampler_step,
+                "staleness": c.staleness,
+            }
+            for c in contributions
+        ],
+        "datums": sum(c.datums for c in included),
+        "sampled_tokens": sum(c.sampled_tokens for c in included),
     }
     metrics: dict[str, Any] = {
         "reward_mean": sum(rewards) / len(rewards) if rewards else None,
         "attempts_qualified": len(rewards),
-        "groups_used": sum(1 for g in prepared if g.datums),
-        "groups_skipped": sum(1 for g in prepared if not g.datums),
-        "attempts_truncated": sum(1 for g in prepared for why in g.excluded.values() if why == TRUNCATED),
-        "gather_seconds": round(time.monotonic() - started, 3),
+        "groups_used": len(included),
+        "groups_skipped": len(contributions) - len(included),
+        "groups_stale": sum(1 for c in contributions if c.status == ContributionStatus.EXCLUDED and not c.summary),
+        "attempts_truncated": sum(
+            1 for c in contributions for why in ((c.summary or {}).get("excluded") or {}).values() if why == TRUNCATED
+        ),
     }
-    if not datums:
+    return gathered, metrics
+
+
+def _kl_metrics(*, contributions: list[GroupContribution]) -> dict[str, Any]:
+    """kl_sample_train over the update's trained tokens, and by the staleness of the groups."""
+    by: dict[int, list[float]] = {}
+    for c in contributions:
+        if c.status == ContributionStatus.SUBMITTED and c.metrics.get("kl_tokens"):
+            terms = by.setdefault(c.staleness, [0.0, 0.0])
+            terms[0] += float(c.metrics["kl_sum"])
+            terms[1] += float(c.metrics["kl_tokens"])
+    total = sum(t[0] for t in by.values())
+    tokens = sum(t[1] for t in by.values())
+    return {
+        "kl_sample_train": total / tokens if tokens else None,
+        "kl_sample_train_by_staleness": {str(k): t[0] / t[1] for k, t in sorted(by.items())},
+        "staleness_max": max((c.staleness for c in contributions if c.status != "excluded"), default=0),
+    }
+
+
+def _update_run(*, trainer: Trainer, update: LearningUpdate, holder: str) -> LearningUpdate:
+    run = trainer.run
+    plan = run.spec.plan
+    step = update.step
+    started = time.monotonic()
+    try:
+        # Groups whose contribution was not recorded as they settled (a lost message, a
+        # dead feeder) are recorded now; the others were, by pipeline.step_feed.
+        recorded = contributions_record(update=update, plan=plan)
+    except Exception as exc:  # noqa: BLE001 - any failure to gather data ends the run clearly
+        logger.exception("gathering the data of %s step %s failed", run.id, step)
+        update_fail(update=update, trainer=trainer, error=f"gathering step {step}'s data failed: {exc}", blocked=False)
+        return update
+    contributions = [r.contribution for r in recorded]
+    gathered, metrics = _gathered(contributions=contributions)
+    metrics["gather_seconds"] = round(time.monotonic() - started, 3)
+    if not gathered["datums"]:
         with transaction.atomic():
             if update_transition(
                 update=update,
@@ -211,50 +243,84 @@ def _update_run(*, trainer: Trainer, update: LearningUpdate, holder: str) -> Lea
                 holder=holder,
             ):
                 _advance(run_id=run.id)
+                transaction.on_commit(lambda: client_skip(run_id=run.id, step=step + 1))
         return update
 
+    with client_lock(run.id):
+        return _update_train(
+            trainer=trainer, update=update, holder=holder, recorded=recorded, gathered=gathered, metrics=metrics
+        )
+
+
+def _update_train(
+    *,
+    trainer: Trainer,
+    update: LearningUpdate,
+    holder: str,
+    recorded: list[Recorded],
+    gathered: dict[str, Any],
+    metrics: dict[str, Any],
+) -> LearningUpdate:
+    """Submit what this process' client lacks, step the optimizer, save, record the
+    checkpoint. Caller holds the run's client lock."""
+    from tinker import types
+
+    run = trainer.run
+    plan = run.spec.plan
+    step = update.step
+    try:
+        live = live_client(trainer=trainer, plan=plan)
+        if live.step != step:
+            raise RuntimeError(f"the trainer's saved weights are of step {live.step}, not {step}")
+        t0 = time.monotonic()
+        resubmitted = 0
+        for item in recorded:
+            if item.contribution.status in INCLUDED:
+                resubmitted += contribution_submit(live=live, recorded=item, plan=plan, holder=holder)
+    except Exception as exc:  # noqa: BLE001 - nothing changed the weights yet
+        logger.exception("the forward/backward of %s step %s failed", run.id, step)
+        client_forget(run.id)
+        update_fail(update=update, trainer=trainer, error=f"the update of step {step} failed: {exc}", blocked=False)
+        return update
+    contributions = [r.contribution for r in recorded]
     # The optimizer step changes weights the database cannot see: record that it is in flight.
     if not update_transition(
         update=update,
         to=UpdateStatus.UNRESOLVED,
         event="training.update_submitted",
-        data={"datums": len(datums), "sampled_tokens": gathered["sampled_tokens"]},
+        data={"datums": gathered["datums"], "sampled_tokens": gathered["sampled_tokens"]},
         values=gathered,
         holder=holder,
     ):
         logger.warning("the update of %s step %s was taken over before its optimizer step", run.id, step)
         return update
     try:
-        from tinker import types
-
-        client = training_client(trainer=trainer, plan=plan)
-        wire = datums_to_tinker(datums)
-        t0 = time.monotonic()
-        backward = client.forward_backward(wire, plan.get("loss", "importance_sampling"))
-        optim = client.optim_step(
+        optim_out = live.client.optim_step(
             types.AdamParams(learning_rate=float(plan["learning_rate"]), beta1=0.9, beta2=0.95, eps=1e-8)
-        )
-        backward_out = backward.result()
-        optim_out = optim.result()
-        t1 = time.monotonic()
+        ).result()
+        live.step, live.keys = step + 1, set()
+        t2 = time.monotonic()
         name = f"{step + 1:06d}"
-        sampler_path = client.save_weights_for_sampler(name).result().path
-        state_path = client.save_state(name).result().path
+        sampler_path = live.client.save_weights_for_sampler(name).result().path
+        state_path = live.client.save_state(name).result().path
         snapshot, sha256, size = weights_persist(run=run, path=sampler_path)
         state_ref, _, _ = weights_persist(run=run, path=state_path)
-        t2 = time.monotonic()
+        t3 = time.monotonic()
     except Exception as exc:  # noqa: BLE001 - the weights may or may not have changed
         logger.exception("the update of %s step %s failed", run.id, step)
         client_forget(run.id)
         update_fail(update=update, trainer=trainer, error=f"the update of step {step} failed: {exc}", blocked=True)
         return update
+    losses = [c.metrics.get("loss") for c in contributions if c.status == ContributionStatus.SUBMITTED]
     metrics.update(
         {
-            "loss_sum": backward_out.metrics.get("loss:sum"),
+            "loss_sum": sum(v for v in losses if v is not None),
             "grad_norm": (optim_out.metrics or {}).get("optim/grad_norm"),
-            "kl_sample_train": _kl_sample_train(datums=datums, outputs=backward_out.loss_fn_outputs),
-            "train_seconds": round(t1 - t0, 3),
-            "save_seconds": round(t2 - t1, 3),
+            **_kl_metrics(contributions=contributions),
+            # Forward/backward left for the optimizer step (the rest ran as groups settled).
+            "groups_submitted_late": resubmitted,
+            "train_seconds": round(t2 - t0, 3),  # the late forward/backward and the optimizer step
+            "save_seconds": round(t3 - t2, 3),
         }
     )
     with transaction.atomic():
@@ -280,7 +346,7 @@ def _update_run(*, trainer: Trainer, update: LearningUpdate, holder: str) -> Lea
             update=update,
             to=UpdateStatus.APPLIED,
             event="training.update_applied",
-            data={"datums": len(datums), **metrics},
+            data={"datums": gathered["datums"], **metrics},
             values={"metrics": metrics, "checkpoint": checkpoint},
             holder=holder,
         ):
@@ -288,6 +354,7 @@ def _update_run(*, trainer: Trainer, update: LearningUpdate, holder: str) -> Lea
             # run has ended, so these weights are not recorded as its progress.
             logger.warning("the update of %s step %s was blocked before it was confirmed", run.id, step)
             transaction.set_rollback(True)
+            client_forget(run.id)
             return update
         trainer.sampler = checkpoint.binding()
         trainer.state_path = state_ref
@@ -297,7 +364,7 @@ def _update_run(*, trainer: Trainer, update: LearningUpdate, holder: str) -> Lea
             type="checkpoint.saved",
             data={"checkpoint": checkpoint.id, "step": checkpoint.step, "snapshot": snapshot, "sha256": sha256},
         )
-        client_state_note(run_id=run.id, state_path=state_ref)
+        client_state_note(run_id=run.id, state_path=state_ref, step=step + 1)
         _advance(run_id=run.id)
     return update
 
@@ -307,22 +374,40 @@ def _advance(*, run_id: str) -> None:
     run = Run.objects.select_for_update(of=("self",)).select_related("spec").get(pk=run_id)
     trainer = Trainer.objects.select_for_update().get(run=run)
     trainer.step += 1
-    trainer.save(update_fields=["step", "updated_at"])
+    # A skipped update kept the weights: they are those of this step too.
+    trainer.sampler_step = trainer.step
+    trainer.save(update_fields=["step", "sampler_step", "updated_at"])
     ended = trainer.step >= trainer_end_step(trainer=trainer, plan=run.spec.plan)
     if ended or run.cancel_requested_at is not None or run.is_terminal:
         trainer_transition(trainer=trainer, to=TrainerStatus.DONE, event="training.done")
         transaction.on_commit(lambda: client_forget(run_id))
         if not run.is_terminal:
-            run_complete(run_id=run_id, extra_summary=training_summary(run_id=run_id))
+            _run_end(run=run, summary=training_summary(run_id=run_id))
         return
     trainer_transition(
         trainer=trainer, to=TrainerStatus.SAMPLING, event="training.sampling", data={"sampler": trainer.sampler}
     )
     try:
-        batch_start(run=run, trainer=trainer)
+        started = batch_start(run=run, trainer=trainer)
     except TrainingFailed as exc:
         trainer_transition(trainer=trainer, to=TrainerStatus.FAILED, event="training.failed", data={"error": str(exc)})
-        run_complete(run_id=run_id, error=str(exc), extra_summary=training_summary(run_id=run_id))
+        _run_end(run=run, error=str(exc), summary=training_summary(run_id=run_id))
+        return
+    if not started:
+        # The batch started early (max_staleness > 0) and may have settled meanwhile: feed it.
+        from apps.training.tasks import group_settled_task
+
+        step = trainer.step
+        transaction.on_commit(lambda: group_settled_task.delay(run_id, step))
+
+
+def _run_end(*, run: Run, summary: dict[str, Any], error: str = "") -> None:
+    """End the train run; attempts of a batch started early that are still live are
+    cancelled first (the run then ends when they stop, cancelled, with ``error``)."""
+    if run.trials.filter(status__in=LIVE_TRIAL).exists():
+        run_cancel(org=run.org, run_id=run.id, reason=error or "the train run ended")
+        return
+    run_complete(run_id=run.id, error=error, extra_summary=summary)
 
 
 def training_summary(*, run_id: str) -> dict[str, Any]:
@@ -330,7 +415,8 @@ def training_summary(*, run_id: str) -> dict[str, Any]:
     reward of the groups sampled at step first_step + N (0 unless the run continues a
     checkpoint: updates and checkpoints number steps on from it), and checkpoints are in
     step order."""
-    updates = list(LearningUpdate.objects.filter(run_id=run_id).order_by("step"))
+    # An update still pending when the run ends (of a batch started early) did not happen.
+    updates = list(LearningUpdate.objects.filter(run_id=run_id).exclude(status=UpdateStatus.PENDING).order_by("step"))
     checkpoints = list(Checkpoint.objects.filter(run_id=run_id).order_by("step").values_list("id", flat=True))
     first_step = Trainer.objects.filter(run_id=run_id).values_list("first_step", flat=True).first() or 0
     replacements = replacements_summary(run_id=run_id)

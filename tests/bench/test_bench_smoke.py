@@ -102,3 +102,25 @@ def test_cancel_bench_prints_figures() -> None:
     figures = json.loads(out.strip().splitlines()[-1])
     assert figures["trials"] == 200 and figures["status"] == "cancelled"
     assert figures["heartbeat_failures"] == 0 and figures["leases_lost"] == 0
+
+
+def test_training_pipeline_bench_prints_figures() -> None:
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith("postgres"):
+        pytest.skip("the training pipeline bench needs PostgreSQL (DATABASE_URL)")
+    database = url.rsplit("/", 1)[0] + "/synth_bench_pipeline"
+    out = run_bench(
+        "training_pipeline.py",
+        *("--groups", "2", "--group-size", "2", "--prompt-tokens", "40", "--max-tokens", "4", "--slow-seconds", "1"),
+        *("--database-url", database),
+        timeout=600,
+    )
+    for line in ("warm-up: lockstep batch", "sequential:", "pipelined:", "pipelined / sequential:"):
+        assert line in out, out
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert {"sequential_s", "pipelined_s", "max_abs_kl", "staleness_steps"} <= set(figures)
+    assert figures["sequential_s"] > 0 and figures["pipelined_s"] > 0
+    # Staleness 0: the sampler served exactly the trainer's weights, and the pipelined update
+    # equals the lockstep one.
+    assert figures["staleness_steps"] == 0 and figures["max_abs_kl"] <= 1e-3
+    assert figures["weights_max_abs_diff"] < 1e-6

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('training', '0002_update_holders'),
+        ('training', '0003_pipeline'),
     ]
 
     operations = [

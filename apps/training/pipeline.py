@@ -1,0 +1,194 @@
+"""The grouped pipeline: each group of a batch gives its update what it can as soon as it
+settles, while slower groups of the same batch still sample.
+
+``step_feed`` runs (training queue) whenever a group of a train run settles: it records the
+contribution of every settled group of the step that has none yet (its evidence published
+and qualified, the plan's eligibility, group-centred advantages, its datums; or why it is
+excluded, staleness included) and, when the step is the one being gathered, submits their
+forward/backward to the run's training client, where gradients accumulate until the
+optimizer step. Then it moves the trainer to ``updating`` once every group has settled, and
+the update (apps.training.updates) submits whatever its own client has not accumulated,
+steps the optimizer and saves the weights the next batch samples.
+
+Nothing here needs the same process to see a step through: a contribution's forward/backward
+counts only in the client that ran it (its key, one per group per update, is kept with the
+client's gradients), and the process that takes the optimizer step submits every included
+contribution its client lacks. A worker that died mid-batch loses only work that is done
+again; none is counted twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from apps.core.process import process_identity
+from apps.runs.models import GroupStatus, SamplingGroup
+from apps.training.clients import LiveClient, client_forget, client_lock, live_client
+from apps.training.datums import GroupData, datums_to_tinker, group_prepare
+from apps.training.evidence import group_attempts, group_summary
+from apps.training.models import (
+    ContributionStatus,
+    GroupContribution,
+    LearningUpdate,
+    Trainer,
+    TrainerStatus,
+    UpdateStatus,
+)
+
+logger = logging.getLogger(__name__)
+
+INCLUDED = (ContributionStatus.READY, ContributionStatus.SUBMITTED)
+
+
+@dataclass
+class Recorded:
+    """A contribution and, when this process prepared it, its datums (else built again)."""
+
+    contribution: GroupContribution
+    data: GroupData | None = None
+
+
+def _prepare(*, group: SamplingGroup, plan: dict[str, Any]) -> GroupData:
+    eligibility = plan.get("eligibility") or {}
+    return group_prepare(
+        group_id=group.id,
+        attempts=group_attempts(group=group),
+        min_valid=int(eligibility.get("min_valid_per_group", 2)),
+        require_variance=bool(eligibility.get("require_reward_variance", True)),
+    )
+
+
+def contribution_record(*, update: LearningUpdate, group: SamplingGroup, plan: dict[str, Any]) -> Recorded:
+    """Record what a settled group gives ``update`` (once: a second call returns the first's).
+
+    Staleness is judged before anything is read: a group sampled more than ``max_staleness``
+    steps behind the weights being trained is excluded whatever its rewards."""
+    existing = GroupContribution.objects.filter(group=group).first()
+    if existing is not None:
+        return Recorded(contribution=existing)
+    staleness = max(0, update.step - group.sampler_step)
+    limit = int(plan.get("max_staleness", 0))
+    values: dict[str, Any] = {"update": update, "sampler_step": group.sampler_step, "staleness": staleness}
+    data: GroupData | None = None
+    if staleness > limit:
+        values.update(
+            status=ContributionStatus.EXCLUDED,
+            reason=f"sampled {staleness} steps behind the trained weights (max_staleness {limit})",
+        )
+    else:
+        data = _prepare(group=group, plan=plan)
+        values.update(
+            status=ContributionStatus.READY if data.datums else ContributionStatus.EXCLUDED,
+            reason=data.skipped,
+            summary=group_summary(data),
+            datums=len(data.datums),
+            sampled_tokens=sum(d.sampled_tokens for d in data.datums),
+        )
+    try:
+        with transaction.atomic():
+            contribution = GroupContribution.objects.create(group=group, **values)
+    except IntegrityError:  # another process recorded it meanwhile: the same facts
+        return Recorded(contribution=GroupContribution.objects.get(group=group))
+    return Recorded(contribution=contribution, data=data)
+
+
+def contributions_record(*, update: LearningUpdate, plan: dict[str, Any]) -> list[Recorded]:
+    """Every settled group of the update's step, recorded, in position order."""
+    groups = (
+        SamplingGroup.objects.filter(run_id=update.run_id, step=update.step, status=GroupStatus.SETTLED)
+        .select_related("run")
+        .order_by("position")
+    )
+    return [contribution_record(update=update, group=group, plan=plan) for group in groups]
+
+
+def kl_terms(*, datums: list[Any], outputs: list[dict[str, Any]]) -> tuple[float, int]:
+    """(sum of sampler logprob - trainer logprob, tokens) over trained tokens: ~0 when the
+    proxy sampled exactly the weights the trainer holds (on-policy)."""
+    total, count = 0.0, 0
+    for datum, output in zip(datums, outputs, strict=True):
+        trainer_lp = output["logprobs"].tolist()
+        for i, advantage in enumerate(datum.advantages):
+            if advantage != 0.0:
+                total += datum.logprobs[i] - trainer_lp[i]
+                count += 1
+    return total, count
+
+
+def contribution_submit(*, live: LiveClient, recorded: Recorded, plan: dict[str, Any], holder: str) -> bool:
+    """Run the contribution's forward/backward on ``live`` unless it has accumulated it
+    already (caller holds the run's client lock, and forgets the client if this raises).
+    True if it ran now."""
+    contribution = recorded.contribution
+    if contribution.key in live.keys:
+        return False
+    data = recorded.data
+    if data is None:  # prepared by another process: the same evidence gives the same datums
+        data = _prepare(group=SamplingGroup.objects.select_related("run").get(pk=contribution.group_id), plan=plan)
+    if not data.datums:
+        raise RuntimeError(f"group {contribution.group_id} no longer gives the datums it was recorded with")
+    out = live.client.forward_backward(datums_to_tinker(data.datums), plan.get("loss", "importance_sampling")).result()
+    live.keys.add(contribution.key)
+    kl_sum, kl_tokens = kl_terms(datums=data.datums, outputs=out.loss_fn_outputs)
+    metrics = {"loss": out.metrics.get("loss:sum"), "kl_sum": kl_sum, "kl_tokens": kl_tokens}
+    GroupContribution.objects.filter(pk=contribution.pk, status__in=INCLUDED).update(
+        status=ContributionStatus.SUBMITTED, holder=holder, metrics=metrics, submitted_at=timezone.now()
+    )
+    contribution.status, contribution.holder, contribution.metrics = ContributionStatus.SUBMITTED, holder, metrics
+    return True
+
+
+def contributions_submit(*, trainer: Trainer, recorded: list[Recorded], plan: dict[str, Any], step: int) -> int:
+    """Submit the included contributions the run's live client lacks, if that client holds
+    the weights of ``step`` (else they wait for the update). Returns how many ran now."""
+    due = [r for r in recorded if r.contribution.status in INCLUDED]
+    if not due:
+        return 0
+    holder = process_identity()
+    submitted = 0
+    with client_lock(trainer.run_id):
+        live = live_client(trainer=trainer, plan=plan)
+        if live.step != step:
+            return 0
+        try:
+            for item in due:
+                submitted += contribution_submit(live=live, recorded=item, plan=plan, holder=holder)
+        except Exception:
+            # Some of a failed call's gradients may have accumulated: the client is unknown now.
+            client_forget(trainer.run_id)
+            raise
+    return submitted
+
+
+def step_feed(*, run_id: str, step: int, submit: bool = True) -> bool:
+    """A group of ``step`` settled: record the contributions of its settled groups, submit
+    them if the step is being gathered (``submit``), and move the trainer to updating when
+    the whole batch has settled. Idempotent. True if this call moved the trainer."""
+    from apps.training.services import step_settled
+
+    trainer = Trainer.objects.select_related("run__spec").filter(run_id=run_id).first()
+    if trainer is None or trainer.status not in (TrainerStatus.SAMPLING, TrainerStatus.UPDATING):
+        return False
+    if step < trainer.step or trainer.run.is_terminal:
+        return step_settled(run_id=run_id, step=step)  # ends the learner of a cancelled run
+    plan = trainer.run.spec.plan
+    sampler = (
+        SamplingGroup.objects.filter(run_id=run_id, step=step).order_by("position").values_list("sampler", flat=True)
+    ).first()
+    if sampler is None:
+        return False
+    update, _ = LearningUpdate.objects.get_or_create(run_id=run_id, step=step, defaults={"sampler": sampler})
+    if update.status != UpdateStatus.PENDING:
+        return False
+    try:
+        recorded = contributions_record(update=update, plan=plan)
+        if submit and trainer.step == step and trainer.status == TrainerStatus.SAMPLING:
+            contributions_submit(trainer=trainer, recorded=recorded, plan=plan, step=step)
+    except Exception:  # noqa: BLE001 - the update gathers and submits again, and fails the run if it must
+        logger.exception("feeding step %s of %s failed; its update will do the work", step, run_id)
+    return step_settled(run_id=run_id, step=step)

@@ -1,0 +1,363 @@
+"""One train-run batch with uneven attempts, lockstep against pipelined, through the real
+services and the local training backend. Prints figures; asserts nothing; the last line is
+one JSON object {"sequential_s", "pipelined_s", "ratio", "max_abs_kl", "staleness_steps", ...}.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/synth_bench .venv/bin/python bench/training_pipeline.py \\
+        [--groups 8] [--group-size 2] [--prompt-tokens 1500] [--max-tokens 4] [--slow-seconds 0 (calibrated)]
+
+Each mode is its own train run (same tasks, same seeds, so the same tokens and rewards) in
+its own organization. Attempts run on ``--workers`` threads as trials workers would: each
+samples its group's binding with the proxy's local sampler (the route's tiny model, or the
+checkpoint's adapter), and its capture is staged and settled as the proxy does (evidence
+published by the learner); then the attempt "works" (one group much longer than the others:
+``--slow-seconds``, by default the time the other groups' training took in a warm-up batch) and
+its trial settles with a reward (the mean of (id mod 97) / 96 over its sampled ids).
+
+* sequential (lockstep): the learner waits for the whole batch, then ``update_apply`` does
+  every group's data, forward/backward, the optimizer step and the save.
+* pipelined: as each group settles, the training worker (a thread here, as the training
+  queue's one process) runs ``step_feed``: its contribution and forward/backward; when the
+  slow group settles, its own forward/backward, the optimizer step and the save.
+
+Both are timed from the batch's groups made to its checkpoint recorded. ``max_abs_kl`` is the
+largest |kl_sample_train| of the pipelined update (sampler vs trainer logprobs, staleness 0),
+and the two updates' adapter weights are compared (``weights_max_abs_diff``). The database
+in DATABASE_URL is created if missing and migrated; the broker is in memory (nothing leaves
+the process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SCORE_MOD = 97  # reward: the mean of (id mod 97) / 96 over the sampled ids (attempts differ)
+
+
+class Attempts:
+    """Runs a train run's attempts in-process, as trials workers and the proxy would, with
+    one sampler per binding (the proxy's local sampler, adapters from the object store)."""
+
+    def __init__(self, *, prompt_tokens: int, max_tokens: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self._samplers: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def sampler(self, binding: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        from apps.proxy.calls import sampler_config
+        from apps.proxy.models import ModelRoute
+        from apps.proxy.samplers.factory import sampler_build
+
+        snapshot = binding.get("snapshot", "")
+        with self._lock:
+            if snapshot not in self._samplers:
+                route = ModelRoute.objects.get(name=binding["route"])
+                config = sampler_config(route=route, snapshot=snapshot)
+                self._samplers[snapshot] = (sampler_build(backend=route.sampler_backend, config=config), route)
+            return self._samplers[snapshot]
+
+    def prompt(self, *, position: int) -> list[int]:
+        import random
+
+        rng = random.Random(position)
+        return [rng.randrange(1, 50_000) for _ in range(self.prompt_tokens)]
+
+    def run(self, *, trial_id: str, work_seconds: float = 0.0) -> float:
+        """Sample, capture, work, settle one attempt; returns its reward."""
+        from django.db import transaction
+        from django.utils import timezone
+
+        from apps.proxy import capture
+        from apps.proxy.models import Delivery
+        from apps.proxy.samplers.base import SampleRequest
+        from apps.runs.models import Run, Trial
+        from apps.runs.settlement import trial_settle
+
+        trial = Trial.objects.select_related("group", "run").get(pk=trial_id)
+        Trial.objects.filter(pk=trial_id).update(status="running", started_at=timezone.now())
+        sampler, route = self.sampler(trial.group.sampler)
+        prompt = self.prompt(position=trial.group.position)
+        seed = trial.group.step * 100_000 + trial.group.position * 100 + trial.attempt
+        out = sampler.sample_blocking(
+            SampleRequest(prompt_ids=prompt, max_tokens=self.max_tokens, stop_token_ids=[], seed=seed)
+        )
+        rec = capture.CaptureRecord(
+            org_id=trial.run.org_id,
+            principal_kind="attempt",
+            credential_id="",
+            token_id="",
+            run_id=trial.run_id,
+            trial_id=trial.id,
+            correlation_id=trial.id,
+            session_id=trial.id,
+            agent_id="",
+            parent_agent_id="",
+            request_id=f"req-{trial.id}",
+            route_id=route.id,
+            route={"name": route.name, "family": route.family},
+            model_requested=route.name,
+            stream=False,
+            snapshot=out.snapshot,
+            request={"messages": [{"role": "user", "content": "go"}]},
+            sampling={"max_tokens": self.max_tokens},
+            fitting=[],
+            original_prompt_tokens=len(prompt),
+            prompt_ids=prompt,
+            prompt_reused_ids=0,
+            output_ids=out.token_ids,
+            logprobs=out.logprobs,
+            finish=out.finish,
+        )
+        interaction = capture.interaction_stage(rec=rec, compact=False)
+        capture.interaction_settle(interaction_id=interaction.id, delivery=Delivery.DELIVERED)
+        if work_seconds:
+            time.sleep(work_seconds)  # the attempt's tools and tests, in its sandbox
+        reward = sum((t % SCORE_MOD) / (SCORE_MOD - 1) for t in out.token_ids) / len(out.token_ids)
+        with transaction.atomic():
+            run = Run.objects.select_for_update(of=("self",)).get(pk=trial.run_id)
+            trial_settle(run=run, trial=Trial.objects.get(pk=trial_id), status="succeeded", rewards={"reward": reward})
+        return reward
+
+
+def make_train_run(*, org_slug: str, tasks: int, plan: dict[str, Any]) -> Any:
+    from apps.accounts.services import org_get_or_create
+    from tests.factories import make_train_run as factory
+
+    return factory(org=org_get_or_create(slug=org_slug), tasks=tasks, **plan)
+
+
+def batch_run(
+    *,
+    attempts: Attempts,
+    run_id: str,
+    step: int,
+    workers: int,
+    slow_position: int | None,
+    slow_seconds: float,
+    on_group: Any = None,
+) -> None:
+    """Run every attempt of ``step`` on ``workers`` threads, the slow group's first (they
+    sample, then work longest); call ``on_group(step)`` each time one of its groups settles."""
+    from django.db import connections
+
+    from apps.runs.models import GroupStatus, SamplingGroup, Trial
+
+    trials = list(
+        Trial.objects.filter(run_id=run_id, group__step=step)
+        .order_by("group__position", "attempt")
+        .values_list("id", "group_id", "group__position")
+    )
+    trials.sort(key=lambda t: t[2] != slow_position)
+
+    def one(trial: tuple[str, str, int]) -> None:
+        try:
+            attempts.run(trial_id=trial[0], work_seconds=slow_seconds if trial[2] == slow_position else 0.0)
+            if on_group is not None and SamplingGroup.objects.filter(pk=trial[1], status=GroupStatus.SETTLED).exists():
+                on_group(step)
+        finally:
+            connections.close_all()  # this thread's connection
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(one, trials))
+
+
+class TrainingWorker(threading.Thread):
+    """The training queue's one process: feeds settled groups, applies the update."""
+
+    def __init__(self, *, run_id: str) -> None:
+        super().__init__(daemon=True)
+        self.run_id = run_id
+        self.inbox: queue.Queue[int | None] = queue.Queue()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from django.db import connections
+
+        from apps.training.models import Trainer, TrainerStatus
+        from apps.training.pipeline import step_feed
+        from apps.training.updates import update_apply
+
+        try:
+            while (step := self.inbox.get()) is not None:
+                step_feed(run_id=self.run_id, step=step)
+                trainer = Trainer.objects.get(run_id=self.run_id)
+                if trainer.status == TrainerStatus.UPDATING and trainer.step == step:
+                    update_apply(run_id=self.run_id, step=step)
+        except BaseException as exc:  # noqa: BLE001 - reported by the bench
+            self.error = exc
+        finally:
+            connections.close_all()
+
+
+def one_batch(
+    *, args: argparse.Namespace, mode: str, slow_seconds: float, attempts: Attempts, org: str
+) -> dict[str, Any]:
+    from apps.training.models import LearningUpdate, Trainer
+    from apps.training.services import step_settled, training_start
+    from apps.training.updates import update_apply
+
+    plan = {
+        "steps": 1,
+        "batch_size": args.groups,
+        "group_size": args.group_size,
+        "learning_rate": 0.01,
+        "lora_rank": 4,
+        "max_concurrency": 1000,
+    }
+    run = make_train_run(org_slug=org, tasks=args.groups, plan=plan)
+    training_start(run_id=run.id)
+    slow = args.groups - 1
+    if mode == "sequential":
+        batch_run(
+            attempts=attempts,
+            run_id=run.id,
+            step=0,
+            workers=args.workers,
+            slow_position=slow,
+            slow_seconds=slow_seconds,
+        )
+        assert step_settled(run_id=run.id, step=0)
+        update_apply(run_id=run.id, step=0)
+    else:
+        worker = TrainingWorker(run_id=run.id)
+        worker.start()
+        batch_run(
+            attempts=attempts,
+            run_id=run.id,
+            step=0,
+            workers=args.workers,
+            slow_position=slow,
+            slow_seconds=slow_seconds,
+            on_group=worker.inbox.put,
+        )
+        worker.inbox.put(None)
+        worker.join()
+        if worker.error is not None:
+            raise worker.error
+    from apps.runs.models import SamplingGroup
+
+    settled = [g.settled_at for g in SamplingGroup.objects.filter(run=run, step=0)]
+    started = min(g.created_at for g in SamplingGroup.objects.filter(run=run, step=0))
+    sampled = (max(settled) - started).total_seconds()
+    first = (min(settled) - started).total_seconds()
+    update = LearningUpdate.objects.get(run=run, step=0)
+    assert update.status == "applied", (update.status, update.error)
+    # From the batch's groups made to its checkpoint recorded (the run's set-up and end aside).
+    seconds = (update.checkpoint.created_at - started).total_seconds()
+    assert Trainer.objects.get(run=run).step == 1
+    return {"seconds": seconds, "update": update, "sampled": sampled, "first": first}
+
+
+def adapter_weights(checkpoint: Any) -> dict[str, Any]:
+    from django.conf import settings
+    from safetensors.torch import load_file
+
+    from apps.objects.packages import package_materialize
+
+    directory = package_materialize(sha256=checkpoint.sha256, cache_dir=Path(settings.SYNTH_WEIGHTS_CACHE_DIR), keep=8)
+    return load_file(str(Path(directory) / "adapter_model.safetensors"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--groups", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=2)
+    parser.add_argument("--prompt-tokens", type=int, default=1500)
+    parser.add_argument("--max-tokens", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=8, help="attempts running at once (trials worker slots)")
+    parser.add_argument(
+        "--slow-seconds", type=float, default=0.0, help="extra time each attempt of the slow group takes (0: calibrate)"
+    )
+    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", ""))
+    args = parser.parse_args()
+
+    os.environ["DATABASE_URL"] = args.database_url or "postgres://postgres@127.0.0.1:5432/synth_bench"
+    os.environ["CELERY_BROKER_URL"] = "memory://localhost/"  # no worker: the bench calls the services
+    os.environ.setdefault("SYNTH_VAR_DIR", tempfile.mkdtemp(prefix="synth-bench-pipeline-"))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synth_project.settings")
+    if os.environ["DATABASE_URL"].startswith("postgres"):
+        from bench.cancel import ensure_database
+
+        ensure_database(os.environ["DATABASE_URL"])
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    import torch
+
+    from apps.proxy.routes import DEFAULT_ROUTE, route_upsert
+
+    # The sampler and the trainer would be processes of their own: a core each, no thrashing.
+    torch.set_num_threads(1)
+    stamp = f"{int(time.time())}"
+    attempts = Attempts(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens)
+    route_upsert(**DEFAULT_ROUTE)
+    attempts.sampler({"route": DEFAULT_ROUTE["name"]})  # built once, before anything is timed
+
+    # A first lockstep batch without a slow group warms the process (models built, first
+    # torch calls) and calibrates: unless told, the slow group then works as long as the
+    # other groups' training takes (real batches differ by minutes).
+    probe = one_batch(args=args, mode="sequential", slow_seconds=0.0, attempts=attempts, org=f"probe-{stamp}")
+    per_group = probe["update"].metrics["train_seconds"] / args.groups
+    slow_seconds = args.slow_seconds or round(max(1.0, per_group * (args.groups - 1)), 2)
+    print(
+        f"warm-up: lockstep batch {probe['seconds']:.2f} s (sampled in {probe['sampled']:.2f} s), "
+        f"{per_group:.2f} s of training per group"
+    )
+    results = {}
+    for mode in ("sequential", "pipelined"):
+        results[mode] = one_batch(
+            args=args, mode=mode, slow_seconds=slow_seconds, attempts=attempts, org=f"{mode}-{stamp}"
+        )
+        m = results[mode]["update"].metrics
+        print(
+            f"{mode:>10}: {results[mode]['seconds']:.2f} s from batch start to saved checkpoint "
+            f"({args.groups} groups x {args.group_size}, slow group +{slow_seconds:.2f} s per attempt; first group "
+            f"settled at {results[mode]['first']:.2f} s, last at {results[mode]['sampled']:.2f} s); "
+            f"training {m['train_seconds']:.2f} s after the last group, {m['groups_submitted_late']} groups' "
+            f"forward/backward then, save {m['save_seconds']:.2f} s; kl_sample_train {m['kl_sample_train']:.2e}"
+        )
+    pipelined = results["pipelined"]["update"]
+    sequential = results["sequential"]["update"]
+    kls = [abs(v) for v in pipelined.metrics["kl_sample_train_by_staleness"].values()]
+    kls.append(abs(sequential.metrics["kl_sample_train"]))
+    a, b = adapter_weights(sequential.checkpoint), adapter_weights(pipelined.checkpoint)
+    diff = max(float((a[k] - b[k]).abs().max()) for k in a)
+    scale = max(float(t.abs().max()) for t in a.values())
+    ratio = results["pipelined"]["seconds"] / results["sequential"]["seconds"]
+    print(f"pipelined / sequential: {ratio:.2f}; max |kl_sample_train| {max(kls):.2e}")
+    print(f"adapters of the two updates: max |difference| {diff:.2e} (max |weight| {scale:.2e})")
+    print(
+        json.dumps(
+            {
+                "sequential_s": round(results["sequential"]["seconds"], 3),
+                "pipelined_s": round(results["pipelined"]["seconds"], 3),
+                "ratio": round(ratio, 3),
+                "max_abs_kl": max(kls),
+                "staleness_steps": pipelined.metrics["staleness_max"],
+                "slow_seconds": slow_seconds,
+                "groups": args.groups,
+                "group_size": args.group_size,
+                "weights_max_abs_diff": diff,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
