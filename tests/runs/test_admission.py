@@ -110,6 +110,22 @@ def test_train_plan_requires_steps(alice, inputs):
     assert "steps" in resp.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("value", [-1, 9, 1.5, "1"])
+def test_a_bad_max_staleness_is_400_naming_it(alice, inputs, value):
+    body = copy.deepcopy(inputs["body"])
+    body.update(kind="train", plan={"steps": 2, "max_staleness": value})
+    resp = submit(alice, body)
+    assert resp.status_code == 400, resp.content
+    assert resp.json()["error"]["field"] == "plan.max_staleness"
+
+
+def test_max_staleness_defaults_to_the_strict_boundary():
+    from apps.runs.plans import plan_normalize
+
+    assert plan_normalize(kind="train", plan={"steps": 2})["max_staleness"] == 0
+    assert plan_normalize(kind="train", plan={"steps": 2, "max_staleness": 1})["max_staleness"] == 1
+
+
 def test_unknown_dataset_and_profile_are_404(alice, inputs):
     body = copy.deepcopy(inputs["body"])
     body["dataset"] = "team/evaluation@v9"
