@@ -73,7 +73,7 @@ class CallDelivery:
     async def delivered(self) -> None:
         """The server has sent the whole answer (the stream's message_stop)."""
         self._leave(STAGED, DELIVERED)
-        await db_phase(capture.interaction_settle)(interaction_id=self.interaction_id, delivery=Delivery.DELIVERED)
+        await _settle_shielded(interaction_id=self.interaction_id, delivery=Delivery.DELIVERED)
 
     def delivered_sync(self) -> None:
         """`delivered` for the JSON response's close() (synchronous, called once the last
@@ -94,11 +94,28 @@ class CallDelivery:
             except Exception:  # noqa: BLE001 - the write failed: record the call below
                 self.interaction_id = None
         if self.interaction_id is not None:
-            await db_phase(capture.interaction_settle)(
+            await _settle_shielded(
                 interaction_id=self.interaction_id, delivery=Delivery.CLIENT_DISCONNECTED, error="client disconnected"
             )
         else:
             await _record_unanswered(self.prepared, delivery=Delivery.CLIENT_DISCONNECTED, error="client disconnected")
+
+
+# Settle writes on their way (a reference keeps a detached task alive until it is done).
+_settling: set[asyncio.Future[Any]] = set()
+
+
+async def _settle_shielded(**kwargs: Any) -> None:
+    """``capture.interaction_settle`` as a task of its own, which cancelling the response's
+    task cannot stop. A client that closes the connection as soon as it has the protocol's
+    last event (Codex returns on response.completed without reading to the end of the
+    stream) gets the response's task cancelled while this write is waiting for its database
+    slot; awaited in that task, the write would never start and the row would stay pending,
+    so the attempt's last call would be unsettled when the learner reads it."""
+    task = asyncio.ensure_future(db_phase(capture.interaction_settle)(**kwargs))
+    _settling.add(task)
+    task.add_done_callback(_settling.discard)
+    await asyncio.shield(task)
 
 
 async def _record_unanswered(prepared: calls.Prepared, *, delivery: str, error: str) -> None:

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from apps.accounts.models import ModelCredential
+from apps.proxy.models import Interaction
 from synth_cli.codex_session import CREDENTIAL_ENV
 from tests.conftest import make_member
-from tests.proxy.conftest import make_route
+from tests.proxy.conftest import make_route, scripted
 from tests.proxy.test_synth_claude import run_synth
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -103,3 +104,40 @@ def test_unknown_model_is_refused(live_server_asgi, tmp_path):
     extra = {"SYNTH_CODEX_BIN": str(fake_codex(tmp_path))}
     out = run_synth(live_server_asgi, member.secret, "codex", "--model", "nope", extra_env=extra, cwd=tmp_path)
     assert out.returncode == 1 and "nope" in out.stderr and "ARGS" not in out.stdout
+
+
+@pytest.mark.slow
+def test_real_codex_prints_the_models_answer(live_server_asgi, live_proxy, tmp_path, settings, qwen3_tokenizer):
+    from django.conf import settings as django_settings
+
+    # The node launcher npm installs (package.json pins @openai/codex), as an operator runs it.
+    launcher = Path(django_settings.SYNTH_CODEX_SANDBOX_BIN).parents[5] / ".bin" / "codex"
+    assert launcher.exists(), f"{launcher} is missing: run `npm ci` in the repository root"
+    member = make_member("team", "alice")
+    make_route(
+        "qwen3-chat",
+        backend="scripted",
+        config={**scripted(qwen3_tokenizer, "Hello from the Synth model.<|im_end|>"), "cycle": True},
+    )
+    settings.SYNTH_PROXY_PUBLIC_URL = live_proxy.url
+    out = run_synth(
+        live_server_asgi,
+        member.secret,
+        "codex",
+        "--model",
+        "qwen3-chat",
+        "--",
+        "exec",
+        "--skip-git-repo-check",
+        "--ephemeral",
+        "-c",
+        "features.plugins=false",
+        "say hello",
+        extra_env={"SYNTH_CODEX_BIN": str(launcher), "HOME": str(tmp_path)},
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "Hello from the Synth model." in out.stdout
+    calls = Interaction.objects.filter(org=member.org)
+    assert calls.exists() and {c.protocol for c in calls} == {"responses"}
+    assert {c.run_id for c in calls} == {"interactive"}  # the session's credential, no attempt

@@ -4,6 +4,7 @@ of the local backend that trains on exactly those tokens."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -114,7 +115,14 @@ def test_a_train_run_on_codex_attempts_takes_an_update_step(stack, alice, tmp_pa
     assert all(c.prompt_tokens > 1000 for c in calls)  # Codex's own instructions and tools
 
     (update,) = LearningUpdate.objects.filter(run=run)
-    assert update.status == UpdateStatus.APPLIED, (update.status, update.metrics)
+    why = json.dumps(
+        {
+            "groups": update.groups,
+            "calls": [(c.trial_id, c.delivery, c.eligibility, c.eligibility_reason, c.stop_reason) for c in calls],
+        },
+        default=str,
+    )
+    assert update.status == UpdateStatus.APPLIED, why
     assert update.datums > 0 and update.sampled_tokens > 0
     assert update.metrics["attempts_qualified"] == 2, update.metrics
     # The trainer's logprobs of the captured tokens match the sampler's: the Responses path
