@@ -34,9 +34,11 @@ class ProxyError(Exception):
         for sub in (InvalidRequest, AuthenticationFailed, PermissionDenied, NotFound, RequestTooLarge, RateLimited):
             if sub.status == status:
                 return sub(message)
-        error = (Overloaded if status == Overloaded.status else ApiError if status >= 500 else cls)(message)
-        error.status = status
-        return error
+        base = Overloaded if status == Overloaded.status else ApiError if status >= 500 else cls
+        if base.status == status:
+            return base(message)
+        # A status without a class of its own: its class is made here, as the others are declared.
+        return type(f"{base.__name__}{status}", (base,), {"status": status})(message)
 
 
 class InvalidRequest(ProxyError):

@@ -58,14 +58,14 @@ class ResponseEvents:
         where = {"item_id": item_id, "output_index": index}
         started = copy.deepcopy(item)
         if kind == "message":
-            started.update(status="in_progress", content=[])
+            started = {**started, "status": "in_progress", "content": []}
         elif kind == "reasoning":
             started["content"] = []
             started.pop("encrypted_content", None)
         elif kind == "function_call":
-            started.update(status="in_progress", arguments="")
+            started = {**started, "status": "in_progress", "arguments": ""}
         elif kind == "custom_tool_call":
-            started.update(status="in_progress", input="")
+            started = {**started, "status": "in_progress", "input": ""}
         yield self.event("response.output_item.added", output_index=index, item=started)
         if kind in ("message", "reasoning"):
             for part_index, part in enumerate(item.get("content") or []):
