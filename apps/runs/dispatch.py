@@ -150,26 +150,15 @@ def batch_add(
     """Add one batch of sampling groups to a running run (a train run's next step) and
     start its trials; ``sampler_step`` is the step whose weights ``sampler`` holds.
     Returns [] if the run is no longer running or the step exists."""
-    with transaction.atomic():
-        run = Run.objects.select_for_update(of=("self",)).get(pk=run_id)
-        if run.status != RunStatus.RUNNING or run.groups.filter(step=step).exists():
-            return []
-        groups, trials = _groups_build(
-            run=run, step=step, tasks=tasks, attempts=attempts, sampler=sampler, sampler_step=sampler_step
-        )
-        event_append(
-            run_id=run.id,
-            type="batch.started",
-            data={
-                "step": step,
-                "groups": len(groups),
-                "trials": len(trials),
-                "sampler": sampler,
-                "sampler_step": sampler_step,
-            },
-        )
-        transaction.on_commit(lambda: trials_enqueue(run_id=run_id))
-    return groups
+    return _batch_groups_add(
+        run_id=run_id,
+        step=step,
+        tasks=tasks,
+        attempts=attempts,
+        sampler=sampler,
+        sampler_step=sampler_step,
+        extend=False,
+    )
 
 
 def batch_extend(
@@ -184,20 +173,45 @@ def batch_extend(
     """Add groups to a running run's existing batch (a train run drawing replacements for
     groups without learning signal) and start their trials. Tasks already in the step are
     left out (a step holds one group per task). Returns the groups made."""
+    return _batch_groups_add(
+        run_id=run_id,
+        step=step,
+        tasks=tasks,
+        attempts=attempts,
+        sampler=sampler,
+        sampler_step=sampler_step,
+        extend=True,
+    )
+
+
+def _batch_groups_add(
+    *,
+    run_id: str,
+    step: int,
+    tasks: list[tuple[int, TaskVersion]],
+    attempts: int,
+    sampler: dict[str, Any],
+    sampler_step: int,
+    extend: bool,
+) -> list[SamplingGroup]:
+    """Groups for ``step`` in one transaction with the run's row lock: a new batch (the step
+    must not exist yet) or, ``extend``, more groups for an existing one (its tasks left out)."""
     with transaction.atomic():
         run = Run.objects.select_for_update(of=("self",)).get(pk=run_id)
-        if run.status != RunStatus.RUNNING or not run.groups.filter(step=step).exists():
+        exists = run.groups.filter(step=step).exists()
+        if run.status != RunStatus.RUNNING or exists != extend:
             return []
-        taken = set(run.groups.filter(step=step).values_list("position", flat=True))
-        fresh = [(position, task) for position, task in tasks if position not in taken]
-        if not fresh:
-            return []
+        if extend:
+            taken = set(run.groups.filter(step=step).values_list("position", flat=True))
+            tasks = [(position, task) for position, task in tasks if position not in taken]
+            if not tasks:
+                return []
         groups, trials = _groups_build(
-            run=run, step=step, tasks=fresh, attempts=attempts, sampler=sampler, sampler_step=sampler_step
+            run=run, step=step, tasks=tasks, attempts=attempts, sampler=sampler, sampler_step=sampler_step
         )
         event_append(
             run_id=run.id,
-            type="batch.extended",
+            type="batch.extended" if extend else "batch.started",
             data={
                 "step": step,
                 "groups": len(groups),
