@@ -6,7 +6,8 @@ says so.)
 The calls are not listed by hand: they are read from the training modules' source (AST), by
 following the values. A name bound to ``backend_service(...)`` is a service client; a name bound
 to ``<service>.<method>(...).result()``, or to a call of a function that returns such a name, is
-a training client. Every method called on either, with its number of positional arguments and
+a training client. A name bound to ``LiveClient(...)`` (or to a call of a function that returns
+one, or a parameter annotated ``LiveClient``) holds a training client as ``.client``. Every method called on either, with its number of positional arguments and
 its keyword names, must bind to the SDK's signature and to the local backend's.
 """
 
@@ -45,16 +46,18 @@ def _functions(tree: ast.Module) -> list[ast.FunctionDef | ast.AsyncFunctionDef]
     return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
 
-def _kind(value: ast.expr, names: dict[str, str], factories: set[str]) -> str | None:
-    """What kind of client an expression evaluates to, if any."""
+def _kind(value: ast.expr, names: dict[str, str], factories: dict[str, str]) -> str | None:
+    """What kind of client an expression evaluates to, if any ("holder": a LiveClient)."""
     if not isinstance(value, ast.Call):
         return None
     func = value.func
     if isinstance(func, ast.Name):
         if func.id == "backend_service":
             return "service"
+        if func.id == "LiveClient":
+            return "holder"
         if func.id in factories:
-            return "trainer"
+            return factories[func.id]
     if (
         isinstance(func, ast.Attribute)
         and func.attr == "result"
@@ -67,9 +70,14 @@ def _kind(value: ast.expr, names: dict[str, str], factories: set[str]) -> str | 
     return None
 
 
-def _bound_names(fn: ast.AST, factories: set[str]) -> dict[str, str]:
-    """Names bound to clients in one function (in any branch), to a fixed point."""
+def _bound_names(fn: ast.AST, factories: dict[str, str]) -> dict[str, str]:
+    """Names bound to clients in one function (in any branch), to a fixed point; a parameter
+    annotated ``LiveClient`` is a holder."""
     names: dict[str, str] = {}
+    if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        for arg in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]:
+            if isinstance(arg.annotation, ast.Name) and arg.annotation.id == "LiveClient":
+                names[arg.arg] = "holder"
     while True:
         before = dict(names)
         for node in ast.walk(fn):
@@ -84,17 +92,18 @@ def _bound_names(fn: ast.AST, factories: set[str]) -> dict[str, str]:
 
 def client_calls() -> list[ClientCall]:
     trees = {path: ast.parse(path.read_text(), filename=str(path)) for path in TRAINING_MODULES}
-    # Functions that return a training client (training_client), across modules, to a fixed point.
-    factories: set[str] = set()
+    # Functions that return a training client (training_client) or its holder (live_client),
+    # across modules, to a fixed point.
+    factories: dict[str, str] = {}
     while True:
-        before = set(factories)
+        before = dict(factories)
         for tree in trees.values():
             for fn in _functions(tree):
                 names = _bound_names(fn, factories)
                 for node in ast.walk(fn):
                     if isinstance(node, ast.Return) and isinstance(node.value, ast.Name):
-                        if names.get(node.value.id) == "trainer":
-                            factories.add(fn.name)
+                        if names.get(node.value.id) in ("trainer", "holder"):
+                            factories[fn.name] = names[node.value.id]
         if factories == before:
             break
     calls: list[ClientCall] = []
@@ -102,16 +111,23 @@ def client_calls() -> list[ClientCall]:
         for fn in _functions(tree):
             names = _bound_names(fn, factories)
             for node in ast.walk(fn):
-                if not (
-                    isinstance(node, ast.Call)
-                    and isinstance(node.func, ast.Attribute)
-                    and isinstance(node.func.value, ast.Name)
-                    and node.func.value.id in names
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                    continue
+                target = node.func.value
+                if isinstance(target, ast.Name) and names.get(target.id) in ("service", "trainer"):
+                    kind = names[target.id]
+                elif (
+                    isinstance(target, ast.Attribute)
+                    and target.attr == "client"
+                    and isinstance(target.value, ast.Name)
+                    and names.get(target.value.id) == "holder"
                 ):
+                    kind = "trainer"  # live.client.<method>(...)
+                else:
                     continue
                 calls.append(
                     ClientCall(
-                        kind=names[node.func.value.id],
+                        kind=kind,
                         method=node.func.attr,
                         positional=len(node.args),
                         keywords=tuple(k.arg for k in node.keywords if k.arg is not None),
