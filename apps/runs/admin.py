@@ -211,6 +211,7 @@ class RunSpecAdmin(ReadOnlyAdmin):
         "judge_version",
         "judge_digest",
         "model_binding",
+        "actors",
         "plan_pretty",
         "created_at",
     ]

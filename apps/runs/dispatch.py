@@ -5,6 +5,11 @@ groups of trials; a train run's batches are added by its learner (`batch_add`). 
 to the trials queue after commit, at most the plan's max_concurrency in flight; each
 trial's end hands over the next (apps.runs.leases), and the sweeper hands over what a lost
 message left.
+
+A mixed run (several actors, ``RunSpec.actors``) shares each batch's groups among its
+actors round-robin: the batch's groups in position order go to actor 0, 1, ..., n-1, 0, ...
+(groups added to a batch later continue the count), so every group's attempts run one
+actor's recipe and a batch of at least n groups samples every actor.
 """
 
 from __future__ import annotations
@@ -87,6 +92,7 @@ def _regrade_build(*, run: Run, source_id: str) -> tuple[list[SamplingGroup], li
                 task_version=source.task_version,
                 attempts=0,
                 sampler=source.group.sampler,
+                actor_id=source.group.actor_id,
             )
         group.attempts += 1
         trials.append(
@@ -105,10 +111,14 @@ def _groups_build(
     attempts: int,
     sampler: dict[str, Any],
     sampler_step: int = 0,
+    first: int = 0,
 ) -> tuple[list[SamplingGroup], list[Trial]]:
+    """The groups of ``tasks`` and their trials; ``first`` is how many groups the step has
+    already (a mixed run's round-robin over its actors continues from there)."""
+    actors = [a["id"] for a in run.spec.actors]
     groups: list[SamplingGroup] = []
     trials: list[Trial] = []
-    for position, task_version in tasks:
+    for i, (position, task_version) in enumerate(sorted(tasks, key=lambda task: task[0])):
         group = SamplingGroup(
             run=run,
             step=step,
@@ -117,6 +127,7 @@ def _groups_build(
             attempts=attempts,
             sampler=sampler,
             sampler_step=sampler_step,
+            actor_id=actors[(first + i) % len(actors)] if actors else None,
         )
         groups.append(group)
         trials.extend(Trial(run=run, group=group, attempt=i, task_version=task_version) for i in range(attempts))
@@ -198,16 +209,23 @@ def _batch_groups_add(
     must not exist yet) or, ``extend``, more groups for an existing one (its tasks left out)."""
     with transaction.atomic():
         run = Run.objects.select_for_update(of=("self",)).get(pk=run_id)
-        exists = run.groups.filter(step=step).exists()
-        if run.status != RunStatus.RUNNING or exists != extend:
+        # The step's groups so far (none for a new batch): an extension leaves their tasks
+        # out, and its groups continue the actors' round-robin after them.
+        taken = set(run.groups.filter(step=step).values_list("position", flat=True))
+        if run.status != RunStatus.RUNNING or bool(taken) != extend:
             return []
         if extend:
-            taken = set(run.groups.filter(step=step).values_list("position", flat=True))
             tasks = [(position, task) for position, task in tasks if position not in taken]
             if not tasks:
                 return []
         groups, trials = _groups_build(
-            run=run, step=step, tasks=tasks, attempts=attempts, sampler=sampler, sampler_step=sampler_step
+            run=run,
+            step=step,
+            tasks=tasks,
+            attempts=attempts,
+            sampler=sampler,
+            sampler_step=sampler_step,
+            first=len(taken),
         )
         event_append(
             run_id=run.id,

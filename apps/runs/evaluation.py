@@ -99,3 +99,26 @@ def run_summarize(*, trials: list[Any], scored: bool) -> dict[str, Any]:
     }
     summary["per_task"] = per_task
     return summary
+
+
+def actors_summarize(*, trials: list[Any], actors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A mixed run's figures per actor (harness), in the run's order of actors: each
+    actor's groups pooled, so an operator compares harnesses on the same model."""
+    figures = []
+    for actor in actors:
+        own = [t for t in trials if t.actor_id == actor["id"]]
+        pooled = group_summarize(trials=own)
+        figures.append(
+            {
+                "profile": actor["profile"],
+                "version": actor["version"],
+                "engine": actor["engine"],
+                "groups": len({t.group_id for t in own}),
+                "trials": len(own),
+                "assessed": pooled["assessed"],
+                "mean_reward": pooled["mean_reward"],
+                "passed": pooled["passed"],
+                "errors": pooled["errors"],
+            }
+        )
+    return figures

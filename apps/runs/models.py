@@ -83,6 +83,10 @@ class RunSpec(models.Model):
     )
     judge_digest = models.CharField(max_length=64, blank=True)
     model_binding = models.JSONField(help_text="the actor's model binding (route or checkpoint)")
+    # A run with several actors (`actors` at submission) lists them here, in the order given:
+    # [{"id", "profile", "version", "digest", "engine"}]; actor_version is the first. Every
+    # actor binds model_binding. Empty for a run of one actor.
+    actors = models.JSONField(default=list, blank=True, help_text="the actors of a mixed run, in order")
     judge_binding = models.JSONField(null=True, blank=True, help_text="the judge's model binding, if it has one")
     plan = models.JSONField()
     created_at = models.DateTimeField(auto_now_add=True)
@@ -185,6 +189,12 @@ class SamplingGroup(models.Model):
     task_version = models.ForeignKey("datasets.TaskVersion", on_delete=models.PROTECT, related_name="+")
     attempts = models.PositiveIntegerField()
     sampler = models.JSONField(default=dict, blank=True)
+    # The actor whose recipe every attempt of the group runs (a mixed run's groups differ;
+    # null: the run's one actor). One actor per group keeps group-relative advantages
+    # comparing attempts of the same harness.
+    actor = models.ForeignKey(
+        "profiles.ProfileVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     sampler_step = models.PositiveIntegerField(default=0, help_text="training: the step whose weights it samples")
     status = models.CharField(max_length=16, choices=GroupStatus.choices, default=GroupStatus.PENDING)
     summary = models.JSONField(default=dict, blank=True)

@@ -37,7 +37,7 @@ def run_events_after(*, run: Run, after: int, limit: int) -> list[RunEvent]:
 def group_list(*, run: Run) -> QuerySet:
     from apps.runs.models import SamplingGroup
 
-    return SamplingGroup.objects.filter(run=run).select_related("task_version")
+    return SamplingGroup.objects.filter(run=run).select_related("task_version", "actor__profile")
 
 
 def trial_list(*, run: Run, status: str | None = None) -> QuerySet:

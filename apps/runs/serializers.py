@@ -25,7 +25,13 @@ class ProfileRefInputSerializer(serializers.Serializer):
 class RunSubmitInputSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(choices=RunKind.choices)
     dataset = serializers.CharField(help_text="ORG/NAME@VERSION")
-    actor = ProfileRefInputSerializer()
+    actor = ProfileRefInputSerializer(required=False, help_text="the run's actor; required unless actors is given")
+    actors = ProfileRefInputSerializer(
+        many=True,
+        required=False,
+        help_text="train and evaluate runs: 2-8 actors on the same model, instead of actor; the groups are "
+        "shared among them round-robin by position",
+    )
     judge = ProfileRefInputSerializer(required=False, allow_null=True)
     plan = serializers.JSONField(
         required=False, help_text="the kind's plan (apps.runs.plans.PLAN_SCHEMAS); unknown keys are refused"
@@ -70,6 +76,12 @@ class RunSummarySerializer(serializers.Serializer):
     training = serializers.JSONField(
         required=False, help_text="train runs: steps, applied, skipped, reward_by_step, checkpoints"
     )
+    per_actor = serializers.ListField(
+        child=serializers.JSONField(),
+        required=False,
+        help_text="runs of several actors, in their order: profile, version, engine, groups, trials, assessed, "
+        "mean_reward (over its assessed attempts), passed, errors",
+    )
 
 
 @extend_schema_serializer(component_name="Run")
@@ -79,7 +91,8 @@ class RunSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=RunStatus.choices)
     dataset = serializers.CharField(allow_null=True, help_text="ORG/NAME@VERSION")
     dataset_digest = serializers.CharField(allow_null=True)
-    actor = ProfileRefSerializer(allow_null=True)
+    actor = ProfileRefSerializer(allow_null=True, help_text="the actor (a run of several: the first)")
+    actors = ProfileRefSerializer(many=True, help_text="a run of several actors: all of them, in order; else []")
     judge = ProfileRefSerializer(allow_null=True)
     model = serializers.JSONField(allow_null=True, help_text="the actor's model binding: route, checkpoint, snapshot")
     judge_model = serializers.JSONField(allow_null=True)
@@ -119,6 +132,7 @@ class GroupSerializer(serializers.Serializer):
     task_version_id = serializers.CharField()
     attempts = serializers.IntegerField()
     sampler = serializers.JSONField(help_text="the model binding its attempts used")
+    actor = ProfileRefSerializer(allow_null=True, help_text="the actor its attempts ran (a run of several actors)")
     status = serializers.ChoiceField(choices=GroupStatus.choices)
     summary = serializers.JSONField(help_text="mean_reward, pass_at_k, errors of its attempts once settled")
     created_at = serializers.DateTimeField()

@@ -39,6 +39,11 @@ __all__ = ["event_append", "events_append"]  # re-exported: the events API calle
 # finishes what a lost message left.
 CANCEL_INLINE_BATCHES = 4
 
+# A mixed run (`actors`) compares 2..8 harnesses on one model; more would leave each too few
+# groups per batch to compare.
+ACTORS_MIN, ACTORS_MAX = 2, 8
+MIXED_KINDS = frozenset({RunKind.TRAIN, RunKind.EVALUATE})
+
 
 # --------------------------------------------------------------------------- admission
 
@@ -76,7 +81,7 @@ def run_request_normalize(*, body: Any) -> dict[str, Any]:
     """The submission body in one canonical shape; its digest identifies the request."""
     if not isinstance(body, dict):
         raise ValidationFailed("the request body must be a JSON object")
-    allowed = {"kind", "dataset", "actor", "judge", "plan"}
+    allowed = {"kind", "dataset", "actor", "actors", "judge", "plan"}
     extra = set(body) - allowed
     if extra:
         name = sorted(extra)[0]
@@ -87,17 +92,43 @@ def run_request_normalize(*, body: Any) -> dict[str, Any]:
     dataset = body.get("dataset")
     if not isinstance(dataset, str) or not dataset:
         raise ValidationFailed("dataset must be a reference ORG/NAME@VERSION", field="dataset")
-    if body.get("actor") is None:
+    actors = _actors_normalize(body=body, kind=kind)
+    if actors is None and body.get("actor") is None:
         raise ValidationFailed("actor is required", field="actor")
-    actor = _profile_ref(body.get("actor"), field="actor")
+    actor = actors[0] if actors else _profile_ref(body.get("actor"), field="actor")
     judge = _profile_ref(body.get("judge"), field="judge")
-    return {
+    request = {
         "kind": kind,
         "dataset": dataset,
         "actor": actor.__dict__ if actor else None,
         "judge": judge.__dict__ if judge else None,
         "plan": plan_normalize(kind=kind, plan=body.get("plan")),
     }
+    if actors:
+        # Only a mixed request carries the key, so a one-actor request keeps its digest.
+        request["actors"] = [ref.__dict__ for ref in actors]
+    return request
+
+
+def _actors_normalize(*, body: dict[str, Any], kind: str) -> list[ProfileRef] | None:
+    """`actors`, a list of profile references used instead of `actor`: the run's groups are
+    shared among them (apps.runs.dispatch), each group running one of them."""
+    value = body.get("actors")
+    if value is None:
+        return None
+    if kind not in MIXED_KINDS:
+        raise ValidationFailed(f"actors is for runs of kind {' or '.join(sorted(MIXED_KINDS))}", field="actors")
+    if body.get("actor") is not None:
+        raise ValidationFailed("give actor or actors, not both", field="actors")
+    if not isinstance(value, list) or not ACTORS_MIN <= len(value) <= ACTORS_MAX:
+        raise ValidationFailed(
+            f"actors must be a list of {ACTORS_MIN} to {ACTORS_MAX} profile references", field="actors"
+        )
+    refs = [_profile_ref(item, field=f"actors[{i}]") for i, item in enumerate(value)]
+    for i, ref in enumerate(refs):
+        if ref is None:
+            raise ValidationFailed(f'actors[{i}] must be {{"profile": NAME, "version": N}}', field=f"actors[{i}]")
+    return [ref for ref in refs if ref is not None]
 
 
 def _resolve_profile(*, org: Organization, ref: ProfileRef, field: str) -> ProfileVersion:
@@ -115,6 +146,53 @@ def _resolve_profile(*, org: Organization, ref: ProfileRef, field: str) -> Profi
     return version
 
 
+@dataclass(frozen=True)
+class _PinnedActor:
+    version: ProfileVersion
+    binding: dict[str, Any]
+    engine: str
+
+    def described(self) -> dict[str, Any]:
+        return {
+            "id": self.version.pk,
+            "profile": self.version.profile.name,
+            "version": self.version.version,
+            "digest": self.version.digest,
+            "engine": self.engine,
+        }
+
+
+def _actors_pin(*, org: Organization, refs: list[ProfileRef], fields: list[str], train: bool) -> list[_PinnedActor]:
+    """Resolve the run's actors and their model bindings. Several actors must bind the same
+    model (the same route, or the same checkpoint): a mixed run compares harnesses on one
+    model, and a train run's learner trains that one model from every group."""
+    pinned: list[_PinnedActor] = []
+    for ref, field in zip(refs, fields, strict=True):
+        try:
+            version = _resolve_profile(org=org, ref=ref, field=field)
+        except NotFound as exc:
+            if field == "actor":
+                raise  # a one-actor run answers as it always has
+            raise NotFound(f"{field}: {exc}", field=field) from None
+        if any(p.version.pk == version.pk for p in pinned):
+            raise ValidationFailed(f"{field}: {ref.name}@{version.version} is listed twice", field=field)
+        recipe = profile_version_recipe(profile_version=version)
+        binding = model_binding_resolve(org=org, binding=recipe.get("model") or {}, field=field)
+        if pinned and binding != pinned[0].binding:
+            raise ValidationFailed(
+                f"{field} binds {binding or 'no model'}, not {pinned[0].binding}: every actor of a run must bind "
+                "the same model (the same route or the same checkpoint)",
+                field=f"{field}.model",
+            )
+        if train:
+            _trainable_check(binding=binding, field=field)
+            _harness_checked(recipe=recipe, field=field)
+        pinned.append(
+            _PinnedActor(version=version, binding=binding, engine=(recipe.get("engine") or {}).get("name", ""))
+        )
+    return pinned
+
+
 def _existing_run(*, org: Organization, idempotency_key: str, request_digest: str) -> Run | None:
     run = Run.objects.filter(org=org, idempotency_key=idempotency_key).first()
     if run is not None and run.request_digest != request_digest:
@@ -125,22 +203,24 @@ def _existing_run(*, org: Organization, idempotency_key: str, request_digest: st
     return run
 
 
-def _trainable_check(*, binding: dict[str, Any]) -> None:
+def _trainable_check(*, binding: dict[str, Any], field: str = "actor") -> None:
     """A train run must bind a model route that exists and may be trained: refused at
     submission rather than failing once admitted."""
     from apps.trials.model_access import model_route_get  # lazy: runs' models do not depend on the proxy
 
     name = binding.get("route")
     if not name:
-        raise ValidationFailed("a train run's actor must bind a model (a route or a checkpoint)", field="actor.model")
+        raise ValidationFailed(
+            f"a train run's {field} must bind a model (a route or a checkpoint)", field=f"{field}.model"
+        )
     route = model_route_get(name=name)
     if route is None:
-        raise ValidationFailed(f"model route {name!r} does not exist", field="actor.model.route")
+        raise ValidationFailed(f"model route {name!r} does not exist", field=f"{field}.model.route")
     if not route.trainable:
-        raise ValidationFailed(f"model route {name!r} is not trainable", field="actor.model.route")
+        raise ValidationFailed(f"model route {name!r} is not trainable", field=f"{field}.model.route")
 
 
-def _harness_checked(*, recipe: dict[str, Any]) -> None:
+def _harness_checked(*, recipe: dict[str, Any], field: str = "actor") -> None:
     """A train run learns from what its harness sends: an engine whose harness must be
     checked (apps.trials.harness_check.identity) needs a passing check of the build this
     installation runs, refused at submission with the command that checks it."""
@@ -155,13 +235,13 @@ def _harness_checked(*, recipe: dict[str, Any]) -> None:
         identity = harness_identity(engine=engine)
     except HarnessUnavailable as exc:
         raise ValidationFailed(
-            f"a train run on engine {engine} needs its harness checked: {exc}; then {how}", field="actor.engine"
+            f"a train run on engine {engine} needs its harness checked: {exc}; then {how}", field=f"{field}.engine"
         ) from None
     if not HarnessCheck.objects.filter(engine=engine, digest=identity.digest, passed=True).exists():
         raise ValidationFailed(
             f"the installed {engine} harness ({identity.version or 'unknown version'}, sha256 {identity.digest[:16]}) "
             f"has no passing harness check; {how}",
-            field="actor.engine",
+            field=f"{field}.engine",
         )
 
 
@@ -233,15 +313,14 @@ def run_submit(
     dataset_version = dataset_version_resolve(org=org, reference=request["dataset"])
     if plan_uses_local_sandbox(plan=request["plan"]):
         dataset_version_local_check(dataset_version=dataset_version, task_names=request["plan"].get("task_names"))
-    actor = _resolve_profile(org=org, ref=ProfileRef(**request["actor"]), field="actor")
+    fields = [f"actors[{i}]" for i in range(len(request["actors"]))] if "actors" in request else ["actor"]
+    refs = [ProfileRef(**ref) for ref in request.get("actors", [request["actor"]])]
+    pinned = _actors_pin(org=org, refs=refs, fields=fields, train=request["kind"] == RunKind.TRAIN)
+    actor, model_binding = pinned[0].version, pinned[0].binding
     judge = _resolve_profile(org=org, ref=ProfileRef(**request["judge"]), field="judge") if request["judge"] else None
     if request["kind"] == RunKind.REGRADE:
         _regrade_source_check(org=org, source_id=request["plan"]["source_run"], judge=judge)
-    recipe = profile_version_recipe(profile_version=actor)
-    model_binding = model_binding_resolve(org=org, binding=recipe.get("model") or {})
     if request["kind"] == RunKind.TRAIN:
-        _trainable_check(binding=model_binding)
-        _harness_checked(recipe=recipe)
         # The learner checks the plan against the weights it starts from (a continued
         # checkpoint's rank, backend, seed, dataset cursor) and pins what they fix.
         given = set(body["plan"]) if isinstance(body.get("plan"), dict) else set()
@@ -274,6 +353,7 @@ def run_submit(
                 judge_version=judge,
                 judge_digest=judge.digest if judge else "",
                 model_binding=model_binding,
+                actors=[p.described() for p in pinned] if "actors" in request else [],
                 judge_binding=judge_binding,
                 plan=request["plan"],
             )
@@ -290,6 +370,7 @@ def run_submit(
                         "version": actor.version,
                         "digest": actor.digest,
                     },
+                    **({"actors": [p.described() for p in pinned]} if "actors" in request else {}),
                     "judge": (
                         {
                             "profile": judge.profile.name,

@@ -17,13 +17,14 @@ from django.db import transaction
 
 from apps.datasets.models import TaskVersion
 from apps.runs import signals
-from apps.runs.evaluation import group_summarize, run_summarize
+from apps.runs.evaluation import actors_summarize, group_summarize, run_summarize
 from apps.runs.models import (
     TRIAL_TERMINAL,
     Lease,
     LeaseStatus,
     Run,
     RunKind,
+    RunSpec,
     RunStatus,
     SamplingGroup,
     Trial,
@@ -159,6 +160,7 @@ class _TrialFacts:
     """What a run's summary reads of a trial (plain rows: a big run ends under its lock)."""
 
     group_id: str
+    actor_id: str | None
     status: str
     reward: float | None
     error_type: str
@@ -170,12 +172,16 @@ def run_finalize(*, run: Run, error: str = "", extra_summary: dict[str, Any] | N
     requested, failed with ``error`` or when every trial failed, else succeeded. Caller
     holds the run lock."""
     trials = [
-        _TrialFacts(group_id=g, status=st, reward=r, error_type=e, task_version=_TaskName(name=n))
-        for g, st, r, e, n in Trial.objects.filter(run_id=run.id).values_list(
-            "group_id", "status", "reward", "error_type", "task_version__name"
+        _TrialFacts(group_id=g, actor_id=a, status=st, reward=r, error_type=e, task_version=_TaskName(name=n))
+        for g, a, st, r, e, n in Trial.objects.filter(run_id=run.id).values_list(
+            "group_id", "group__actor_id", "status", "reward", "error_type", "task_version__name"
         )
     ]
-    summary = {**run_summarize(trials=trials, scored=run.kind != RunKind.EXECUTE), **(extra_summary or {})}
+    summary = run_summarize(trials=trials, scored=run.kind != RunKind.EXECUTE)
+    actors = RunSpec.objects.filter(run_id=run.id).values_list("actors", flat=True).first()
+    if actors:
+        summary["per_actor"] = actors_summarize(trials=trials, actors=actors)
+    summary.update(extra_summary or {})
     if run.cancel_requested_at is not None:
         status, error = RunStatus.CANCELLED, run.error
     elif error:

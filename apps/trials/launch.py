@@ -19,7 +19,9 @@ from apps.trials.model_access import ModelAccess
 def actor_recipe(*, trial: Trial) -> dict[str, Any]:
     from apps.profiles.selectors import profile_version_recipe
 
-    return profile_version_recipe(profile_version=trial.run.spec.actor_version)
+    # A mixed run's group names its actor; otherwise the run's one actor.
+    actor = trial.group.actor or trial.run.spec.actor_version
+    return profile_version_recipe(profile_version=actor)
 
 
 def judge_recipe(*, trial: Trial) -> dict[str, Any] | None:

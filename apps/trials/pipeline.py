@@ -202,7 +202,13 @@ def _claim(*, trial_id: str) -> HeldTrial | None:
     )
     if lease is None:
         return None
-    related = ("run__org", "run__spec__actor_version", "run__spec__judge_version", "task_version__archive", "group")
+    related = (
+        "run__org",
+        "run__spec__actor_version",
+        "run__spec__judge_version",
+        "task_version__archive",
+        "group__actor",
+    )
     trial = db_retry(write=lambda: Trial.objects.select_related(*related).get(pk=trial_id), what=f"trial {trial_id}")
     return HeldTrial(worker=worker, node=node, lease=lease, trial=trial, keeper=LeaseKeeper(worker=worker, lease=lease))
 
