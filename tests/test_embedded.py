@@ -71,10 +71,29 @@ def test_embedded_default_runs_the_example_evaluation_and_training(tmp_path):
                 timeout=60,
             ).stdout
         )
-        steps = json.loads((ROOT / "examples" / "train-plan-tiny.json").read_text())["steps"]
+        steps = json.loads((ROOT / "examples" / "train-plan-digits.json").read_text())["steps"]
         # Numbered as the updates that saved them: from 0.
         assert [c["step"] for c in checkpoints] == list(range(steps)), out.stdout[-3000:]
         assert all(c["parent"] == p["id"] for p, c in zip(checkpoints, checkpoints[1:], strict=False))
+        # It learned: every step's batch holds the same two tasks, and the untrained model
+        # writes about a quarter digits (a run without updates stays near 0.26 at every step,
+        # within a few hundredths), so a last step at least 0.3 above the first is learning.
+        updates = json.loads(
+            subprocess.run(
+                [str(ROOT / ".venv/bin/synth"), "run", "updates", train_id, "--json"],
+                env=env_cli,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            ).stdout
+        )
+        rewards = [u["metrics"]["reward_mean"] for u in sorted(updates, key=lambda u: u["step"])]
+        assert len(rewards) == steps and rewards[0] < 0.45, rewards
+        assert rewards[-1] - rewards[0] >= 0.3, rewards
+        # ...and the job printed it: a table of step, reward and loss after the training run.
+        table = out.stdout.split("== reward by step\n", 1)[1].splitlines()
+        assert table[0].split()[:6] == ["STEP", "STATUS", "DATUMS", "TOKENS", "REWARD", "LOSS"], table
+        assert [row.split()[0] for row in table[1 : steps + 1]] == [str(i) for i in range(steps)], table
         # An interactive session: `synth claude` hands its harness the proxy's TCP listener,
         # which samples the default route; the gateway answers /v1 with that address.
         harness = tmp_path / "claude"
