@@ -5,7 +5,9 @@
 # in the background, imports the example
 # dataset, evaluates it with the oracle agent through the `synth` CLI, shows the result, then
 # trains the default model route for a few steps on examples/train-tasks and lists the
-# learning updates and checkpoints.
+# learning updates and checkpoints (SYNTH_DEMO_TRAIN=digits instead trains a tiny
+# letters-and-digits model, route digits-tiny, on examples/train-digits, whose reward climbs,
+# and prints the reward and loss by step; it takes a few minutes longer).
 #
 #   bash deploy/embedded.sh          # set-up, start, run the evaluation, leave it running
 #   bash deploy/embedded.sh stop     # stop the background processes
@@ -71,6 +73,14 @@ $PY manage.py collectstatic --noinput -v 0
 $PY manage.py provision_tokenizers >"$LOGDIR/provision_tokenizers.log" 2>&1 \
   || { echo "provisioning tokenizers failed; see $LOGDIR/provision_tokenizers.log" >&2; exit 1; }
 $PY manage.py route_add --default >/dev/null
+# The training job's route: a tiny model that samples only letters and digits (built offline
+# from a seed; apps/proxy/small_models.py), so a reward on its text can visibly climb.
+if [ "${SYNTH_DEMO_TRAIN:-1}" = digits ]; then
+  DIGITS_MODEL=$(cd "$SYNTH_VAR_DIR" && pwd)/models/digits-tiny
+  $PY manage.py provision_small_model --dir "$DIGITS_MODEL" --seed 0 >/dev/null
+  $PY manage.py route_add digits-tiny --family qwen3 --backend local --context-window 4096 --max-output 64 \
+    --config "{\"model_dir\": \"$DIGITS_MODEL\"}" --trainable >/dev/null
+fi
 if ! { [ -f "$RUNDIR/proxy.pid" ] && kill -0 "$(cat "$RUNDIR/proxy.pid")" 2>/dev/null; }; then
   rm -f "$SYNTH_PROXY_SOCKET"  # a stale socket of a proxy that died; uvicorn cannot bind over it
 fi
@@ -133,6 +143,22 @@ if [ "${SYNTH_DEMO_TRAIN:-1}" = 1 ]; then
   $SYNTH run show "$TRAIN"
   $SYNTH run updates "$TRAIN"
   $SYNTH run checkpoints "$TRAIN"
+elif [ "${SYNTH_DEMO_TRAIN:-1}" = digits ]; then
+  # A short training run on the digits-tiny route: synth-mini answers two tasks whose verifiers
+  # reward the share of digits in the reply; groups of attempts, group-relative advantages,
+  # LoRA updates by the local backend, and each step's batch samples the previous checkpoint.
+  # Every step's batch holds both tasks, so the reward by step compares like with like.
+  echo "== training dataset"
+  $SYNTH dataset push examples/train-digits --name demo/train-digits --version 1
+  echo "== training run"
+  TRAIN=$($SYNTH train start --dataset demo/train-digits@1 --actor @examples/digits-agent.json \
+    --plan @examples/train-plan-digits.json)
+  echo "$TRAIN"
+  $SYNTH run events "$TRAIN" --follow >"$LOGDIR/train-events.log" || true
+  $SYNTH run show "$TRAIN"
+  $SYNTH run checkpoints "$TRAIN"
+  echo "== reward by step"
+  $SYNTH run updates "$TRAIN"
 fi
 cat <<MSG
 
