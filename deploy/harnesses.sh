@@ -10,7 +10,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-root=${SYNTH_HARNESSES_DIR:-.harnesses}
+# The default is the one settings.py uses (synth_sandbox.paths.harnesses_default_dir): .harnesses/,
+# or a temp-dir location when other users cannot reach the checkout.
+root=${SYNTH_HARNESSES_DIR:-$(.venv/bin/python -c 'import sys; from pathlib import Path; from synth_sandbox.paths import harnesses_default_dir; print(harnesses_default_dir(repo=Path(sys.argv[1])))' "$PWD")}
+mkdir -p "$root" && chmod 755 "$root"
 pip_python=${SYNTH_HARNESS_PIP_PYTHON:-.venv/bin/python}  # a pip that installs into another interpreter
 
 py=${SYNTH_HARNESS_PYTHON:-}

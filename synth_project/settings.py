@@ -14,6 +14,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from synth_sandbox.paths import harnesses_default_dir
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("SYNTH_VAR_DIR", BASE_DIR / "var")).resolve()
 
@@ -469,7 +471,7 @@ SYNTH_CODEX_SANDBOX_BIN = os.environ.get("SYNTH_CODEX_SANDBOX_BIN") or str(
 )
 # The Python harnesses' virtual environments (one per engine, e.g. mini-swe-agent), built by
 # deploy/harnesses.sh from their hash-pinned locks and bound read-only into local sandboxes.
-SYNTH_HARNESSES_DIR = Path(os.environ.get("SYNTH_HARNESSES_DIR") or BASE_DIR / ".harnesses")
+SYNTH_HARNESSES_DIR = Path(os.environ.get("SYNTH_HARNESSES_DIR") or harnesses_default_dir(repo=BASE_DIR))
 
 # TRAINING
 # ------------------------------------------------------------------------------

@@ -3,8 +3,12 @@ which directories are writable, and which container paths may become writable.""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import posixpath
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 from synth_sandbox.errors import SandboxPathError
 
@@ -57,3 +61,16 @@ def top_level(dirs: Sequence[str]) -> list[str]:
         if not any(d == r or d.startswith(r + "/") for r in result):
             result.append(d)
     return result
+
+
+def harnesses_default_dir(*, repo: Path) -> Path:
+    """Where the Python harnesses' venvs live by default: ``<repo>/.harnesses``, or, when the
+    repository sits below a directory other users cannot enter (a 0700 home or ``mktemp -d``),
+    a directory of the system temp dir named after the repository. The sandbox's uid is
+    unprivileged, so a venv it cannot reach could not be bound; at ~700 MB, building it where
+    it can be reached beats copying it there."""
+    repo = repo.resolve()
+    if all(os.stat(d).st_mode & 0o001 for d in (repo, *repo.parents)):
+        return repo / ".harnesses"
+    digest = hashlib.sha256(str(repo).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"synth-harnesses-{digest}"

@@ -34,6 +34,7 @@ from apps.trials.model_access import (
     model_access_close,
     model_access_open,
     sandbox_model_options,
+    staged_for_sandbox,
 )
 from apps.trials.pipeline import trial_execute
 from synth_launcher.engines import CODEX_BINARY
@@ -256,7 +257,10 @@ def test_codex_must_be_installed_as_a_native_executable(alice, tmp_path, route, 
     settings.SYNTH_CODEX_SANDBOX_BIN = str(installed)
     access = model_access_open(trial=trial, recipe=recipe)
     assert access is not None
-    assert dict((target, host) for host, target in access.binds)[CODEX_BINARY.target] == installed.resolve()
+    # The executable itself, or its world-readable copy where the checkout is private (mode 0700).
+    assert dict((target, host) for host, target in access.binds)[CODEX_BINARY.target] == staged_for_sandbox(
+        path=installed.resolve()
+    )
     assert {target for _, target in access.binds} == {SANDBOX_CLAUDE, CODEX_BINARY.target}
 
 
