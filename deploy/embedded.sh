@@ -4,10 +4,10 @@
 # a Unix socket for sandboxes and a TCP port for `synth claude`, one worker for every queue)
 # in the background, imports the example
 # dataset, evaluates it with the oracle agent through the `synth` CLI, shows the result, then
-# trains the default model route for a few steps on examples/train-tasks and lists the
-# learning updates and checkpoints (SYNTH_DEMO_TRAIN=digits instead trains a tiny
-# letters-and-digits model, route digits-tiny, on examples/train-digits, whose reward climbs,
-# and prints the reward and loss by step; it takes a few minutes longer).
+# trains a tiny letters-and-digits model (route digits-tiny) for a few steps on
+# examples/train-digits, whose reward climbs, lists the checkpoints and prints the reward and
+# loss by step (SYNTH_DEMO_TRAIN=toys instead trains the default model route on
+# examples/train-tasks, where a tiny untrained model shows no learning).
 #
 #   bash deploy/embedded.sh          # set-up, start, run the evaluation, leave it running
 #   bash deploy/embedded.sh stop     # stop the background processes
@@ -15,7 +15,7 @@
 # Environment: SYNTH_PORT (8000, the gateway), SYNTH_PROXY_PORT (SYNTH_PORT + 1, the proxy's
 # TCP listener), SYNTH_VAR_DIR (var/), SYNTH_DEMO_ACTOR (examples/oracle-agent.json;
 # examples/agent.json runs Claude Code against the default model route through the proxy),
-# SYNTH_DEMO_TRAIN (1; 0 skips the training run).
+# SYNTH_DEMO_TRAIN (digits; toys: the default route on examples/train-tasks; 0 skips the training run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -75,7 +75,8 @@ $PY manage.py provision_tokenizers >"$LOGDIR/provision_tokenizers.log" 2>&1 \
 $PY manage.py route_add --default >/dev/null
 # The training job's route: a tiny model that samples only letters and digits (built offline
 # from a seed; apps/proxy/small_models.py), so a reward on its text can visibly climb.
-if [ "${SYNTH_DEMO_TRAIN:-1}" = digits ]; then
+DEMO_TRAIN=${SYNTH_DEMO_TRAIN:-digits}
+if [ "$DEMO_TRAIN" = digits ]; then
   DIGITS_MODEL=$(cd "$SYNTH_VAR_DIR" && pwd)/models/digits-tiny
   $PY manage.py provision_small_model --dir "$DIGITS_MODEL" --seed 0 >/dev/null
   $PY manage.py route_add digits-tiny --family qwen3 --backend local --context-window 4096 --max-output 64 \
@@ -130,7 +131,7 @@ echo "== result"
 $SYNTH run show "$RUN"
 $SYNTH run trials "$RUN"
 
-if [ "${SYNTH_DEMO_TRAIN:-1}" = 1 ]; then
+if [ "$DEMO_TRAIN" = toys ]; then
   # A short training run: synth-mini attempts on the tiny default model, graded rewards,
   # LoRA updates by the local backend; each step's batch samples the previous checkpoint.
   echo "== training dataset"
@@ -143,7 +144,7 @@ if [ "${SYNTH_DEMO_TRAIN:-1}" = 1 ]; then
   $SYNTH run show "$TRAIN"
   $SYNTH run updates "$TRAIN"
   $SYNTH run checkpoints "$TRAIN"
-elif [ "${SYNTH_DEMO_TRAIN:-1}" = digits ]; then
+elif [ "$DEMO_TRAIN" = digits ]; then
   # A short training run on the digits-tiny route: synth-mini answers two tasks whose verifiers
   # reward the share of digits in the reply; groups of attempts, group-relative advantages,
   # LoRA updates by the local backend, and each step's batch samples the previous checkpoint.

@@ -135,6 +135,11 @@ class ModelCredential(models.Model):
     role = models.CharField(
         max_length=16, default="actor", help_text="actor (the attempt's agent) or judge (its assessment)"
     )
+    # The run plan's sampling settings, held for every call made with this credential: the
+    # harness's own request values do not override what the plan (and so the learner) assumes.
+    sampling = models.JSONField(
+        default=dict, blank=True, help_text="temperature, top_p, top_k, max_tokens (a cap), seed (this attempt's)"
+    )
     prefix = models.CharField(max_length=16, unique=True)
     token_hash = models.CharField(max_length=64)
     expires_at = models.DateTimeField()

@@ -7,6 +7,7 @@ import hmac
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
@@ -132,9 +133,11 @@ def model_credential_issue(
     snapshot: str,
     ttl: timedelta,
     role: str = "actor",
+    sampling: dict[str, Any] | None = None,
 ) -> tuple[ModelCredential, str]:
     """A credential for one attempt's model calls (its agent's, or its judge's with
-    ``role="judge"``): (row, secret). The secret is shown once."""
+    ``role="judge"``): (row, secret). The secret is shown once. ``sampling``: the settings
+    the proxy holds its calls to (ModelCredential.sampling)."""
     if ttl <= timedelta(0):
         raise ValueError("ttl must be positive")
     prefix = secrets.token_hex(6)
@@ -146,6 +149,7 @@ def model_credential_issue(
         route=route,
         snapshot=snapshot,
         role=role,
+        sampling=dict(sampling or {}),
         prefix=prefix,
         token_hash=token_hash(secret),
         expires_at=timezone.now() + ttl,

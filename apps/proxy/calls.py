@@ -12,6 +12,7 @@ the answer. Route writes are in routes.py, credentials in credentials.py.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import hashlib
 import hmac
@@ -79,6 +80,9 @@ class Prepared:
     max_tokens: int
     reused_ids: int
     render_ms: float
+    # What the sampler is asked for: temperature, top_p, top_k, seed (the request's, or the
+    # plan's where the credential holds them), and "held": the keys the plan decided.
+    sampling: dict[str, Any] = field(default_factory=dict)
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -312,9 +316,17 @@ async def message_prepare(*, ctx: CallContext, request: dict[str, Any]) -> Prepa
     # None (OpenAI's protocols, max_tokens absent): as many as the route allows.
     requested = request["max_tokens"]
     max_tokens = route.max_output if requested is None else min(requested, route.max_output)
+    held = ctx.caller.credential.sampling if ctx.caller.credential is not None else {}
+    if held.get("max_tokens") is not None:
+        max_tokens = min(max_tokens, int(held["max_tokens"]))
     started = time.perf_counter()
     adapter = await pool.run_cpu(adapter_get, route=route)
     fitted, reused = await pool.run_cpu(_prepare_sync, ctx=ctx, request=request, adapter=adapter, max_tokens=max_tokens)
+    sampling = call_sampling(request=request, held=held)
+    if held.get("seed") is not None:
+        sampling["seed"] = await pool.run_cpu(
+            call_seed, attempt_seed=int(held["seed"]), prompt_ids=fitted.rendered.token_ids
+        )
     return Prepared(
         ctx=ctx,
         request=request,
@@ -323,7 +335,48 @@ async def message_prepare(*, ctx: CallContext, request: dict[str, Any]) -> Prepa
         max_tokens=max_tokens,
         reused_ids=reused,
         render_ms=(time.perf_counter() - started) * 1000,
+        sampling=sampling,
     )
+
+
+SAMPLING_HELD = ("temperature", "top_p", "top_k")
+
+
+def call_sampling(*, request: dict[str, Any], held: dict[str, Any]) -> dict[str, Any]:
+    """The call's temperature, top_p and top_k: the plan's where the attempt's credential
+    holds them (a harness sends its own defaults, which must not change what the learner
+    assumes was sampled), else the request's. The seed is the request's here; with a held
+    seed, message_prepare replaces it with call_seed's."""
+    sampling: dict[str, Any] = {
+        key: held[key] if held.get(key) is not None else request.get(key) for key in SAMPLING_HELD
+    }
+    if sampling["temperature"] is None:
+        sampling["temperature"] = 1.0
+    sampling["seed"] = request.get("seed")
+    sampling["held"] = sorted(key for key in (*SAMPLING_HELD, "max_tokens", "seed") if held.get(key) is not None)
+    return sampling
+
+
+def _sampling_record(prepared: Prepared) -> dict[str, Any]:
+    """temperature, top_p, top_k (and seed) as sampled. Where the plan held a value, it is
+    the one recorded, with "held" naming those keys and "requested" what the harness sent."""
+    request, sampling = prepared.request, prepared.sampling
+    held = sampling.get("held") or []
+    record: dict[str, Any] = {key: sampling[key] if key in held else request.get(key) for key in SAMPLING_HELD}
+    if sampling.get("seed") is not None:
+        record["seed"] = sampling["seed"]
+    if held:
+        record["held"] = list(held)
+        record["requested"] = {key: request.get(key) for key in held if key != "seed"}
+    return record
+
+
+def call_seed(*, attempt_seed: int, prompt_ids: Sequence[int]) -> int:
+    """One call's sampling seed from its attempt's and its prompt: the same prompt in the same
+    attempt samples the same tokens (a rerun reproduces an attempt; a client's retry is
+    answered alike), and different prompts draw independent seeds."""
+    digest = hashlib.sha256(attempt_seed.to_bytes(8, "little") + array.array("I", prompt_ids).tobytes()).digest()
+    return int.from_bytes(digest[:8], "little") >> 2
 
 
 async def tokens_count(*, ctx: CallContext, request: dict[str, Any]) -> int:
@@ -427,10 +480,10 @@ async def message_sample(*, prepared: Prepared, ticket: pool.Ticket) -> Completi
                     prompt_ids=prepared.prompt_ids,
                     max_tokens=prepared.max_tokens,
                     stop_token_ids=list(prepared.adapter.stop_token_ids()),
-                    temperature=1.0 if request.get("temperature") is None else request["temperature"],
-                    top_p=request.get("top_p"),
-                    top_k=request.get("top_k"),
-                    seed=request.get("seed"),
+                    temperature=prepared.sampling["temperature"],
+                    top_p=prepared.sampling["top_p"],
+                    top_k=prepared.sampling["top_k"],
+                    seed=prepared.sampling["seed"],
                 )
             )
         except SamplerUnavailable as exc:
@@ -541,12 +594,9 @@ def capture_record(
         sampling={
             "max_tokens": prepared.max_tokens,
             "max_tokens_requested": prepared.request["max_tokens"],
-            "temperature": prepared.request.get("temperature"),
-            "top_p": prepared.request.get("top_p"),
-            "top_k": prepared.request.get("top_k"),
+            **_sampling_record(prepared),
             "stop_sequences": prepared.request.get("stop_sequences") or [],
             "stop_token_ids": list(prepared.adapter.stop_token_ids()),
-            **({"seed": prepared.request["seed"]} if prepared.request.get("seed") is not None else {}),
         },
         fitting=prepared.fitted.record,
         original_prompt_tokens=prepared.fitted.original_tokens,

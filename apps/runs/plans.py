@@ -13,18 +13,28 @@ from typing import Any
 from apps.core.errors import ValidationFailed
 from apps.core.inputs import strict_validator
 
+# The attempts' model calls are held to these (apps.trials.model_access.attempt_sampling,
+# apps.proxy.calls.call_sampling): a value given here replaces the harness's own. No
+# defaults: what is not given is the harness's, and a pinned plan must not claim otherwise.
 _SAMPLING = {
     "type": "object",
     "additionalProperties": False,
     "properties": {
-        "temperature": {"type": "number", "minimum": 0, "maximum": 2, "default": 1.0},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
         "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
         "top_k": {"type": "integer", "minimum": 1},
         "max_tokens": {
             "type": "integer",
             "minimum": 1,
             "maximum": 1_000_000,
-            "default": 8192,
+            "description": "a cap on each call's max_tokens (the route's max_output caps it too)",
+        },
+        "seed": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 2**62,
+            "description": "each attempt's calls sample with seeds drawn from this, the attempt's place in the run "
+            "and the prompt: a rerun of the plan samples the same tokens for the same prompts",
         },
     },
 }

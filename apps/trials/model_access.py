@@ -272,6 +272,22 @@ def credential_ttl(*, needs: LaunchNeeds, plan: dict[str, Any]) -> timedelta:
     return timedelta(seconds=agent + needs.setup_budget_sec + settings.SYNTH_MODEL_CREDENTIAL_MARGIN_SECONDS)
 
 
+def attempt_sampling(*, plan: dict[str, Any], trial: Trial) -> dict[str, Any]:
+    """What the proxy holds this attempt's calls to: the plan's ``sampling`` (temperature,
+    top_p, top_k, max_tokens as a cap), and with ``sampling.seed`` this attempt's own seed.
+
+    The attempt's seed is drawn from the plan's, the group's step and task position and the
+    attempt's number, never from ids: a rerun of the same plan on the same dataset gives each
+    attempt the same seed, and two attempts of one group never share one (the proxy then
+    draws each call's seed from it and the prompt, apps.proxy.calls.call_sampling).
+    """
+    held = {k: v for k, v in (plan.get("sampling") or {}).items() if k != "seed"}
+    if plan.get("sampling", {}).get("seed") is not None:
+        place = f"{plan['sampling']['seed']}/{trial.group.step}/{trial.group.position}/{trial.attempt}"
+        held["seed"] = int.from_bytes(hashlib.sha256(place.encode()).digest()[:8], "little") >> 2
+    return held
+
+
 # ---------------------------------------------------------------- writes
 
 
@@ -337,6 +353,8 @@ def model_access_open(
         snapshot=str(binding.get("snapshot") or ""),
         role=role,
         ttl=credential_ttl(needs=needs, plan=plan),
+        # A judge keeps its own sampling: the plan's is the actor's, what the learner assumes.
+        sampling=attempt_sampling(plan=plan, trial=trial) if role == "actor" else None,
     )
     return ModelAccess(
         binding=ModelBinding(name=route.name, base_url=f"http://127.0.0.1:{port}", route=route.name),
