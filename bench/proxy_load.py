@@ -52,7 +52,7 @@ postmaster's reaped children included), which counts other users of a shared ser
 
 The last line is one JSON object: sessions, calls_per_s, ttfb_p50_ms, ttfb_p99_ms,
 floor_calls_per_s, pg_cpu_ms_per_call, loop_lag_p99_ms (and the figures' context:
-floor ratio, pg_cpu_source, load_avg_1m, errors).
+floor ratio, the floor's own TTFB p50 and p99, pg_cpu_source, load_avg_1m, errors).
 
 Bounded: only loopback traffic; each session stops at --turns or when --max-seconds have
 passed; every request has a timeout; the proxy is stopped at the end. Prints figures;
@@ -611,6 +611,10 @@ async def load(base: str, secrets: list[str], args: argparse.Namespace, proxy_pi
         "ttfb_p50_ms": round(pct(stats.ttfb, 0.5) * 1000, 1),
         "ttfb_p99_ms": round(pct(stats.ttfb, 0.99) * 1000, 1),
         "floor_calls_per_s": round(floor_rate, 1),
+        # The floor's own time to first byte under the same closed-loop load: every session
+        # sends its next call at once, so a call waits behind the others (sessions / rate).
+        "floor_ttfb_p50_ms": round(pct(floor.ttfb, 0.5) * 1000, 1),
+        "floor_ttfb_p99_ms": round(pct(floor.ttfb, 0.99) * 1000, 1),
         "pg_cpu_ms_per_call": round(pg_database * 1000 / max(1, total), 2),
         "loop_lag_p99_ms": None,  # measured in the proxy process: filled in by main()
         "floor_ratio": round(total / elapsed / floor_rate, 3),
