@@ -162,6 +162,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=100)
     parser.add_argument("--slots", type=int, default=4)
+    parser.add_argument(
+        "--pool", type=int, default=0, help="the worker's pool processes (default: slots + 1, one trial waiting)"
+    )
     parser.add_argument("--memory-mb", type=int, default=4096, help="the worker's memory budget")
     args = parser.parse_args()
 
@@ -222,7 +225,7 @@ def main() -> None:
             "-Q",
             "control,trials",
             "-c",
-            str(args.slots + 1),
+            str(args.pool or args.slots + 1),
             "--without-gossip",
             "--without-mingle",
             "-l",
