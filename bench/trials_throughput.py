@@ -9,6 +9,11 @@ peak memory of the worker's process tree (sampled from /proc) against its memory
 budget, and the slot use: the share of the slots' time (slots x the span from the first
 start to the last finish) that trials held. Uses PostgreSQL (DATABASE_URL, default
 database synth_bench) and Redis. The last line is one JSON object of the figures.
+
+Side by side it prints the sandbox floor: the same number of bare sandboxes of the same
+shape (limits, start, the agent's one command and the tests' one command, stop), run
+``slots`` at a time with no Harbor, Django or database, and the CPU time the worker's process
+tree spent per trial. On a small host these bound what any trial scheduling can reach.
 """
 
 from __future__ import annotations
@@ -74,6 +79,80 @@ def tree_rss_mb(pid: int) -> float:
     return total * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU time (user + system) of a process and its descendants, with their reaped children."""
+    children: dict[int, list[int]] = {}
+    cpu: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            ppid = int(fields[1])
+            ticks = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+        cpu[int(entry.name)] = ticks
+    total, stack = 0, [pid]
+    while stack:
+        p = stack.pop()
+        total += cpu.get(p, 0)
+        stack.extend(children.get(p, []))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def sandbox_floor(*, n: int, slots: int) -> dict[str, float]:
+    """``n`` bare sandbox lifecycles shaped like a trivial trial's (its limits; start, the
+    agent's command, the tests' command, stop), ``slots`` at a time: the rate the sandbox
+    alone allows on this host, and its wall and CPU time per lifecycle."""
+    import asyncio
+    import resource
+
+    from synth_sandbox.environment import default_sandbox_root
+    from synth_sandbox.limits import SandboxLimits
+    from synth_sandbox.sandbox import Sandbox
+
+    root = default_sandbox_root()
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = int(time.time())
+
+    async def one(i: int, gate: asyncio.Semaphore, walls: list[float]) -> None:
+        async with gate:
+            started = time.monotonic()
+            sandbox = Sandbox(
+                name=f"floor-{stamp}-{i}",
+                base_dir=root,
+                limits=SandboxLimits(memory_mb=256, cpus=0.25, storage_mb=64),
+            )
+            await sandbox.start()
+            try:
+                await sandbox.exec(f"echo {i} > /app/out.txt")
+                await sandbox.exec(f'[ "$(cat /app/out.txt)" = "{i}" ] && mkdir -p /logs/verifier')
+            finally:
+                await sandbox.stop()
+            walls.append(time.monotonic() - started)
+
+    async def run() -> list[float]:
+        gate, walls = asyncio.Semaphore(slots), []
+        await asyncio.gather(*(one(i, gate, walls) for i in range(n)))
+        return walls
+
+    def cpu() -> float:
+        return sum(
+            u.ru_utime + u.ru_stime for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        )
+
+    began, cpu0 = time.monotonic(), cpu()
+    walls = asyncio.run(run())
+    span, cpu_s = time.monotonic() - began, cpu() - cpu0
+    return {
+        "per_min": round(n / span * 60, 1),
+        "wall_p50_s": round(statistics.median(walls), 3),
+        "cpu_ms": round(cpu_s / n * 1000, 1),
+    }
+
+
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
@@ -83,6 +162,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=100)
     parser.add_argument("--slots", type=int, default=4)
+    parser.add_argument(
+        "--pool", type=int, default=0, help="the worker's pool processes (default: slots + 1, one trial waiting)"
+    )
     parser.add_argument("--memory-mb", type=int, default=4096, help="the worker's memory budget")
     args = parser.parse_args()
 
@@ -127,6 +209,9 @@ def main() -> None:
         SYNTH_WORKER_SLOTS=str(args.slots),
         SYNTH_WORKER_MEMORY_MB=str(args.memory_mb),
         SYNTH_WORKER_NAME=f"bench-{stamp}",
+        # Persistent database connections, as the deployment's trials workers run
+        # (deploy/k8s/workers.yaml): a trial's phases reuse one instead of connecting each.
+        SYNTH_DB_CONN_MAX_AGE="60",
     )
     work = tempfile.mkdtemp(prefix="synth-bench-")
     env["SYNTH_WORK_DIR"] = work
@@ -140,7 +225,7 @@ def main() -> None:
             "-Q",
             "control,trials",
             "-c",
-            str(args.slots + 1),
+            str(args.pool or args.slots + 1),
             "--without-gossip",
             "--without-mingle",
             "-l",
@@ -164,6 +249,7 @@ def main() -> None:
     try:
         time.sleep(3)  # the worker boots (imports Django, Harbor)
         idle_rss = tree_rss_mb(worker.pid)
+        cpu_before = tree_cpu_s(worker.pid)
         run, _ = run_submit(
             org=org,
             user=user,
@@ -179,11 +265,13 @@ def main() -> None:
         while not Run.objects.get(pk=run.id).is_terminal and time.monotonic() < deadline:
             time.sleep(0.5)
         run.refresh_from_db()
+        worker_cpu = tree_cpu_s(worker.pid) - cpu_before
     finally:
         done.set()
         os.killpg(worker.pid, 15)
         worker.wait(timeout=60)
 
+    floor = sandbox_floor(n=args.tasks, slots=args.slots)
     trials = list(Trial.objects.filter(run=run))
     starts = [t.started_at for t in trials if t.started_at]
     ends = [t.finished_at for t in trials if t.finished_at]
@@ -219,6 +307,16 @@ def main() -> None:
     # A trial holds its slot from its start (admitted) to its end; the slots' time is the span.
     slot_use = sum(walls) / (args.slots * span) if span > 0 else 0.0
     print(f"slot use: {slot_use:.1%} of {args.slots} slots x {span:.1f} s")
+    cpu_per_trial = worker_cpu / max(1, len(trials))
+    print(
+        f"worker CPU: {cpu_per_trial * 1000:.0f} ms per trial (its process tree: Harbor, Django, the sandboxes); "
+        f"{os.cpu_count()} cores allow at most {60 * (os.cpu_count() or 1) / cpu_per_trial:,.0f} trials/min of it"
+    )
+    print(
+        f"sandbox floor: {args.tasks} bare sandboxes of the same shape (start, 2 commands, stop), "
+        f"{args.slots} at a time: {floor['per_min']:,.1f}/min, p50 {floor['wall_p50_s']:.2f} s, "
+        f"{floor['cpu_ms']:.0f} ms CPU each"
+    )
     figures = {
         "trials": len(trials),
         "slots": args.slots,
@@ -227,6 +325,10 @@ def main() -> None:
         "trial_wall_p50_s": round(statistics.median(walls), 3),
         "sandbox_setup_p50_ms": round(statistics.median(setup) * 1000),
         "admission_waits": waits,
+        "worker_cpu_ms_per_trial": round(cpu_per_trial * 1000),
+        "sandbox_floor_per_min": floor["per_min"],
+        "sandbox_floor_wall_p50_s": floor["wall_p50_s"],
+        "sandbox_floor_cpu_ms": floor["cpu_ms"],
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
     print(json.dumps(figures))

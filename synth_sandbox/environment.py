@@ -42,7 +42,7 @@ from synth_sandbox.bridge import DEFAULT_MAX_CONNECTIONS
 from synth_sandbox.build import apply_build
 from synth_sandbox.buildcache import DEFAULT_KEEP, BuildCache
 from synth_sandbox.cgroups import detect_hierarchies, make_plan
-from synth_sandbox.errors import SandboxError
+from synth_sandbox.errors import SandboxError, SandboxPathError
 from synth_sandbox.hooks import CHECK_HOOK, HOOKS_IN_SANDBOX
 from synth_sandbox.limits import DEFAULT_PIDS_MAX, SandboxLimits
 from synth_sandbox.paths import DEFAULT_HOST_DIRS, MODEL_SOCKET_IN_SANDBOX, SANDBOX_PATH
@@ -458,6 +458,21 @@ class LocalSandboxEnvironment(BaseEnvironment):
         if "PATH" in image and path and path != image["PATH"] and path.endswith(SANDBOX_PATH):
             result["PATH"] = path[: -len(SANDBOX_PATH)] + image["PATH"]
         return result
+
+    async def is_dir(self, path: str, user: str | int | None = None) -> bool:
+        # Harbor probes with `test -d` (one exec, i.e. a process spawned into the sandbox,
+        # per probe). Inside a writable directory the host answers instead, never through a
+        # symlink: a path the host-side copies would refuse is not a directory to them either.
+        try:
+            return await self.sandbox.is_dir(path)
+        except SandboxPathError:
+            return await super().is_dir(path, user=user)
+
+    async def is_file(self, path: str, user: str | int | None = None) -> bool:
+        try:
+            return await self.sandbox.is_file(path)
+        except SandboxPathError:
+            return await super().is_file(path, user=user)
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         await self.sandbox.upload_file(source_path, str(target_path))

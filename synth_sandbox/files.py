@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -84,6 +85,19 @@ class SandboxFiles:
             except OSError:
                 return False
             return True
+
+        return await asyncio.to_thread(run)
+
+    async def is_file(self, target: str) -> bool:
+        """Whether a path inside a writable directory is a regular file (never through a symlink)."""
+        root, parts, name = self._split_parent(target)
+
+        def run() -> bool:
+            try:
+                with hostfs.closing_fd(hostfs.open_dir(root, parts, create=False, owner=None)) as dir_fd:
+                    return stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+            except OSError:
+                return False
 
         return await asyncio.to_thread(run)
 

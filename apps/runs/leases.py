@@ -15,6 +15,7 @@ reservations are released, its trial requeued, lost or cancelled, its run queued
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -253,10 +254,23 @@ def lease_release(*, worker: WorkerIdentity, lease_id: str, fence: int, reason: 
     return run
 
 
-def trial_mark_running(*, worker: WorkerIdentity, lease: Lease, trial_id: str, data: dict[str, Any]) -> None:
-    """The trial's attempt starts (admitted on its node) under the caller's lease."""
+def trial_mark_running(
+    *,
+    worker: WorkerIdentity,
+    lease: Lease,
+    trial_id: str,
+    data: dict[str, Any],
+    events: Sequence[tuple[str, dict[str, Any]]] = (),
+) -> None:
+    """The trial's attempt starts (admitted on its node) under the caller's lease; ``events``
+    (the worker's own, e.g. its admission grant) are appended before the start, in the same
+    transaction: the slot the grant freed is not idle for their round trips."""
+    for etype, _ in events:
+        if not etype.startswith(WORKER_EVENT_PREFIXES):
+            raise ValidationFailed(f"event type {etype} is not a worker's", field="events")
     with transaction.atomic():
-        _locked_active_lease(lease_id=lease.id, fence=lease.fence, worker=worker)
+        run, _ = _locked_active_lease(lease_id=lease.id, fence=lease.fence, worker=worker)
+        events_append(run_id=run.id, events=list(events))
         trial = Trial.objects.select_for_update().get(pk=trial_id)
         if not trial_transition(
             trial=trial,

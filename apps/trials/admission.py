@@ -29,7 +29,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q, Sum
+from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from apps.core.errors import ServiceError
@@ -103,19 +103,26 @@ def trial_need(*, trial: Trial, plan: dict[str, Any]) -> Need:
     )
 
 
+OPEN = (ReservationStatus.WAITING, ReservationStatus.HELD)
+
+
 def node_usage(*, node: WorkerNode) -> dict[str, float | int]:
-    held = Reservation.objects.filter(node=node, status=ReservationStatus.HELD)
-    sums = held.aggregate(cpus=Sum("cpus"), memory_mb=Sum("memory_mb"), storage_mb=Sum("storage_mb"))
+    # One statement: every admission try and every grant reads it.
+    held = Q(status=ReservationStatus.HELD)
+    sums = Reservation.objects.filter(node=node, status__in=OPEN).aggregate(
+        slots=Count("pk", filter=held),
+        cpus=Sum("cpus", filter=held),
+        memory_mb=Sum("memory_mb", filter=held),
+        storage_mb=Sum("storage_mb", filter=held),
+        waiting=Count("pk", filter=Q(status=ReservationStatus.WAITING)),
+    )
     return {
-        "slots": held.count(),
+        "slots": sums["slots"],
         "cpus": sums["cpus"] or 0,
         "memory_mb": sums["memory_mb"] or 0,
         "storage_mb": sums["storage_mb"] or 0,
-        "waiting": Reservation.objects.filter(node=node, status=ReservationStatus.WAITING).count(),
+        "waiting": sums["waiting"],
     }
-
-
-OPEN = (ReservationStatus.WAITING, ReservationStatus.HELD)
 
 
 def admission_request(

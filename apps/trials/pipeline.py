@@ -146,8 +146,8 @@ def _attempt_outcome(*, held: HeldTrial, work_root: Path) -> TrialOutcome | None
     try:
         work = held.work = work_dir_make(root=work_root, name=f"{trial.id}.{held.lease.fence}")
         need = trial_need(trial=trial, plan=held.plan)
-        _admit(held=held, need=need)
-        _start(held=held, need=need)
+        granted = _admit(held=held, need=need)
+        _start(held=held, need=need, events=granted)
         task_dir = _task_materialize(held=held, dest=work / "task")
         actor, judge = actor_recipe(trial=trial), judge_recipe(trial=trial)
         access = _access_open(held=held, actor=actor, judge=judge)
@@ -218,9 +218,10 @@ def _still_held(*, held: HeldTrial) -> None:
         raise StaleLease(f"lease {held.lease.id} was lost")
 
 
-def _admit(*, held: HeldTrial, need: Need) -> None:
+def _admit(*, held: HeldTrial, need: Need) -> list[tuple[str, dict[str, Any]]]:
     """Wait until the node's budget admits the trial. The trial ends here instead when its
-    need never fits or it is cancelled while waiting."""
+    need never fits or it is cancelled while waiting. Returns the grant's event after a wait
+    (none without one), which the start records with it."""
     node, trial, keeper = held.node, held.trial, held.keeper
     try:
         reservation = db_retry(
@@ -264,14 +265,15 @@ def _admit(*, held: HeldTrial, need: Need) -> None:
                 error_message="cancelled while waiting for resources",
             )
         )
-    if waited_since is not None:
-        usage = db_retry(write=lambda: node_usage(node=node), what="node usage")
-        waited = round(time.monotonic() - waited_since, 3)
-        keeper.report({"type": "admission.granted", "data": {"trial": trial.id, "waited_sec": waited, "usage": usage}})
+    if waited_since is None:
+        return []
+    usage = db_retry(write=lambda: node_usage(node=node), what="node usage")
+    waited = round(time.monotonic() - waited_since, 3)
+    return [("admission.granted", {"trial": trial.id, "waited_sec": waited, "usage": usage})]
 
 
-def _start(*, held: HeldTrial, need: Need) -> None:
-    """The admitted trial is running on this node."""
+def _start(*, held: HeldTrial, need: Need, events: list[tuple[str, dict[str, Any]]]) -> None:
+    """The admitted trial is running on this node (``events``: the admission's, recorded first)."""
     trial = held.trial
     db_retry(
         write=lambda: trial_mark_running(
@@ -284,6 +286,7 @@ def _start(*, held: HeldTrial, need: Need) -> None:
                 "node": held.node.name,
                 "need": need.as_dict(),
             },
+            events=events,
         ),
         what=f"start of {trial.id}",
         committed=lambda: Trial.objects.filter(pk=trial.id, status=TrialStatus.RUNNING).exists(),

@@ -3,6 +3,7 @@ retained workdir and the launch plan, each an Artifact, content-addressed."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 
 from django.conf import settings
 
-from apps.objects.services import object_put
+from apps.objects.services import objects_put_many
 from apps.runs.models import Artifact, Trial
 from synth_common.canonical import canonical_bytes
 from synth_launcher.engines import ENGINES
@@ -39,22 +40,29 @@ def artifacts_publish(*, trial: Trial, trial_dir: Path, launch_plan: Any) -> lis
                 logger.warning("artifact %s is %d bytes; over the limit, skipped", path, size)
                 continue
             files.append((_artifact_name(path.relative_to(trial_dir).as_posix()), path.read_bytes()))
-    made = []
+    # A few statements for the whole trial, not two per file: this runs while the trial
+    # still holds its slot.
+    objects = objects_put_many(org=org, blobs=[data for _, data in files])
+    names = list(dict.fromkeys(name[:500] for name, _ in files))
+    recorded = set(Artifact.objects.filter(trial=trial).values_list("name", flat=True))
+    new: dict[str, Artifact] = {}
     for name, data in files:
-        obj = object_put(org=org, data=data)
-        artifact, _ = Artifact.objects.get_or_create(
+        if name[:500] in recorded or name[:500] in new:
+            continue  # the first file of a name is kept, as on a repeat
+        obj = objects[hashlib.sha256(data).hexdigest()]
+        new[name[:500]] = Artifact(
             trial=trial,
             name=name[:500],
-            defaults={
-                "run": trial.run,
-                "kind": _artifact_kind(name),
-                "object": obj,
-                "sha256": obj.sha256,
-                "size": obj.size,
-            },
+            run=trial.run,
+            kind=_artifact_kind(name),
+            object=obj,
+            sha256=obj.sha256,
+            size=obj.size,
         )
-        made.append(artifact)
-    return made
+    # ignore_conflicts: a concurrent repeat of this publication may have recorded a name first.
+    Artifact.objects.bulk_create(list(new.values()), ignore_conflicts=True)
+    by_name = {a.name: a for a in Artifact.objects.filter(trial=trial)}
+    return [by_name[name] for name in names if name in by_name]
 
 
 def _artifact_name(relative: str) -> str:
