@@ -310,7 +310,7 @@ def _admission_pin(*, org: Organization, request: dict[str, Any], body: Any) -> 
     fields = [f"actors[{i}]" for i in range(len(request["actors"]))] if "actors" in request else ["actor"]
     refs = [ProfileRef(**ref) for ref in request.get("actors", [request["actor"]])]
     pinned = _actors_pin(org=org, refs=refs, fields=fields, train=request["kind"] == RunKind.TRAIN)
-    actor, model_binding = pinned[0].version, pinned[0].binding
+    model_binding = pinned[0].binding
     judge = _resolve_profile(org=org, ref=ProfileRef(**request["judge"]), field="judge") if request["judge"] else None
     if request["kind"] == RunKind.REGRADE:
         _regrade_source_check(org=org, source_id=request["plan"]["source_run"], judge=judge)
