@@ -191,6 +191,11 @@ def main() -> None:
         elapsed = time.perf_counter() - t0
         figures["event_appends_per_s"] = round(args.events / elapsed)
         print(f"event append (one per transaction, one run): {args.events / elapsed:,.0f} events/s")
+        bare = bare_commits_per_s(n=min(args.events, 2000))
+        print(
+            f"bare INSERT + COMMIT (one row per transaction, same database and driver): {bare:,.0f}/s "
+            "(the commit's WAL flush bounds the appends above)"
+        )
 
         bursts = max(1, args.events * 4 // args.burst)
         t0 = time.perf_counter()
@@ -245,6 +250,25 @@ def main() -> None:
     figures["cancel_10k_s"] = cancel_bench(trials=args.cancel_trials) if args.cancel_trials else None
     figures["load_average"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(figures))
+
+
+def bare_commits_per_s(*, n: int) -> float:
+    """Transactions per second of one plain INSERT each, through the same connection and
+    transaction handling as event_append: what the commit's WAL flush allows, side by side
+    with the appends. A regular table (a temporary one would skip the WAL); dropped after."""
+    from django.db import connection, transaction
+
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE IF NOT EXISTS bench_bare_commit (id bigserial PRIMARY KEY, v integer)")
+    try:
+        t0 = time.perf_counter()
+        for i in range(n):
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("INSERT INTO bench_bare_commit (v) VALUES (%s)", [i])
+        return n / (time.perf_counter() - t0)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TABLE bench_bare_commit")
 
 
 def push_bench(*, base: str, secret: str, tasks: int, stamp: str) -> float | None:

@@ -3,7 +3,6 @@ from __future__ import annotations
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from apps.accounts.models import Membership
 from apps.accounts.principal import Principal
 from apps.accounts.services import token_verify
 
@@ -16,15 +15,15 @@ def bearer_from_headers(headers: dict[str, str] | object) -> str | None:
 
 
 def principal_for_secret(secret: str) -> Principal | None:
-    token = token_verify(secret=secret)
+    token = token_verify(secret=secret, with_role=True)
     if token is None:
         return None
     if token.worker is not None:
         return Principal(token=token, org=token.worker.org, role=None, worker=token.worker)
-    membership = Membership.objects.filter(org=token.org, user=token.user).only("role").first()
-    if membership is None:  # removed from the organization: the token dies with the membership
+    role = token.member_role  # type: ignore[attr-defined]  # annotated by token_verify(with_role=True)
+    if role is None:  # removed from the organization: the token dies with the membership
         return None
-    return Principal(token=token, org=token.org, role=membership.role, worker=None)
+    return Principal(token=token, org=token.org, role=role, worker=None)
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):

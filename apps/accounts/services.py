@@ -12,6 +12,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from apps.accounts.models import (
@@ -98,12 +99,25 @@ def token_revoke(*, token: ApiToken) -> None:
     ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
 
 
-def token_verify(*, secret: str) -> ApiToken | None:
-    """The live token for a bearer string, or None (unknown, wrong, expired, revoked)."""
+def token_verify(*, secret: str, with_role: bool = False) -> ApiToken | None:
+    """The live token for a bearer string, or None (unknown, wrong, expired, revoked).
+
+    ``with_role``: the token also carries ``member_role``, its user's role in the token's
+    organization (None for a worker's token or a user no longer a member), read in the
+    same query: every API request needs both, and a second look-up was a round trip and
+    a query compilation per request."""
     parts = secret.split("_", 2)
     if len(parts) != 3 or parts[0] != TOKEN_SCHEME:
         return None
-    token = ApiToken.objects.select_related("org", "user", "worker").filter(prefix=parts[1]).first()
+    tokens = ApiToken.objects.select_related("org", "user", "worker").filter(prefix=parts[1])
+    if with_role:
+        tokens = tokens.annotate(
+            member_role=Subquery(
+                Membership.objects.filter(org_id=OuterRef("org_id"), user_id=OuterRef("user_id")).values("role")[:1]
+            )
+        )
+    # Unordered: the prefix is unique (first() would compile an ORDER BY for nothing).
+    token = next(iter(tokens[:1]), None)
     # Compare in constant time even though the prefix matched, so timing tells nothing.
     if token is None or not hmac.compare_digest(token.token_hash, token_hash(secret)):
         return None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 
 from apps.accounts.models import Organization
 from apps.datasets.models import DatasetVersion, DatasetVersionTask, TaskVersion
@@ -12,8 +12,22 @@ def dataset_version_list(*, org: Organization) -> QuerySet[DatasetVersion]:
     return DatasetVersion.objects.filter(dataset__org=org).select_related("dataset", "dataset__org")
 
 
-def dataset_version_get(*, org: Organization, name: str, version: str) -> DatasetVersion | None:
-    return dataset_version_list(org=org).filter(dataset__name=name, version=version).first()
+def dataset_version_get(
+    *, org: Organization, name: str, version: str, with_local_support: bool = False
+) -> DatasetVersion | None:
+    """``with_local_support``: the version also carries ``has_local_unsupported`` (whether a
+    task of it cannot run in the local sandbox), read in the same query, so that a
+    submission's local check reads the entries only when there is something to report."""
+    qs = dataset_version_list(org=org).filter(dataset__name=name, version=version)
+    if with_local_support:
+        qs = qs.annotate(
+            has_local_unsupported=Exists(
+                DatasetVersionTask.objects.filter(
+                    dataset_version=OuterRef("pk"), task_version__local_support__supported=False
+                )
+            )
+        )
+    return next(iter(qs[:1]), None)  # unique (dataset, version): no ORDER BY to compile
 
 
 def dataset_version_entries(

@@ -325,18 +325,21 @@ def dataset_import_archive(
         return _dataset_version_store(org=org, name=name, version=version, tasks=tasks)
 
 
-def dataset_version_resolve(*, org: Organization, reference: str) -> DatasetVersion:
+def dataset_version_resolve(*, org: Organization, reference: str, with_local_support: bool = False) -> DatasetVersion:
     """`ORG/NAME@VERSION` -> the caller's dataset version.
 
     Another organization's reference is "not found", never "forbidden", so that names
-    do not leak across tenants.
+    do not leak across tenants. ``with_local_support``: see dataset_version_get (for a
+    dataset_version_local_check to follow).
     """
     match = REFERENCE_RE.match(reference or "")
     if not match:
         raise ValidationFailed(f"malformed dataset reference {reference!r}: expected ORG/NAME@VERSION", field="dataset")
     dataset_version = None
     if match["org"] == org.slug:
-        dataset_version = dataset_version_get(org=org, name=match["name"], version=match["version"])
+        dataset_version = dataset_version_get(
+            org=org, name=match["name"], version=match["version"], with_local_support=with_local_support
+        )
     if dataset_version is None:
         raise NotFound(f"dataset {reference} not found", field="dataset")
     return dataset_version
@@ -346,6 +349,8 @@ def dataset_version_local_check(*, dataset_version: DatasetVersion, task_names: 
     """Refuse a run in the local sandbox over a dataset version holding a task it cannot run
     (the verdicts stored at import); with ``task_names`` (the plan's fnmatch patterns) only
     the tasks the run selects count."""
+    if getattr(dataset_version, "has_local_unsupported", True) is False:
+        return  # resolved with_local_support: no task of it is refused, nothing to read
     unsupported = [
         entry
         for entry in dataset_version_local_unsupported(dataset_version=dataset_version)

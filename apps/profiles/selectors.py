@@ -36,11 +36,10 @@ def profile_version_list(*, profile: AgentProfile) -> QuerySet[ProfileVersion]:
 
 
 def profile_version_get(*, org: Organization, name: str, version: int) -> ProfileVersion:
-    found = (
-        ProfileVersion.objects.select_related("profile")
-        .filter(profile__org=org, profile__name=name, version=version)
-        .first()
+    versions = ProfileVersion.objects.select_related("profile").filter(
+        profile__org=org, profile__name=name, version=version
     )
+    found = next(iter(versions[:1]), None)  # unique (profile, version): no ORDER BY to compile
     if found is None:
         raise NotFound(f"no version {version} of profile {name!r}", field="version")
     return found

@@ -21,6 +21,7 @@ from django.utils.module_loading import import_string
 
 from apps.accounts.models import Organization
 from apps.core.errors import Conflict, NotFound, ValidationFailed
+from apps.datasets.models import DatasetVersion
 from apps.datasets.services import dataset_version_local_check, dataset_version_resolve
 from apps.profiles.models import ProfileVersion
 from apps.profiles.selectors import profile_version_get, profile_version_recipe
@@ -291,32 +292,25 @@ def run_regrade(
     return run_submit(org=org, user=user, idempotency_key=idempotency_key, body=submission)
 
 
-def run_submit(
-    *,
-    org: Organization,
-    user: AbstractBaseUser | None,
-    idempotency_key: str,
-    body: Any,
-) -> tuple[Run, bool]:
-    """Admit a run: resolve and pin its inputs, then write Run, RunSpec and `run.created`
-    in one transaction. Returns (run, created). Same key + same body returns the first
-    run; same key + another body is a Conflict."""
-    if not idempotency_key or len(idempotency_key) > 200:
-        raise ValidationFailed("Idempotency-Key must be 1-200 characters", field="Idempotency-Key")
-    request = run_request_normalize(body=body)
-    request_digest = canonical_digest(request)
+@dataclass(frozen=True)
+class _Pins:
+    dataset_version: DatasetVersion
+    pinned: list[_PinnedActor]
+    judge: ProfileVersion | None
+    judge_binding: dict[str, Any] | None
 
-    existing = _existing_run(org=org, idempotency_key=idempotency_key, request_digest=request_digest)
-    if existing is not None:
-        return existing, False
 
-    dataset_version = dataset_version_resolve(org=org, reference=request["dataset"])
-    if plan_uses_local_sandbox(plan=request["plan"]):
+def _admission_pin(*, org: Organization, request: dict[str, Any], body: Any) -> _Pins:
+    """Resolve and pin a normalized request's inputs (reads only); a train run's plan is
+    completed in ``request`` by the learner's resolver."""
+    local = plan_uses_local_sandbox(plan=request["plan"])
+    dataset_version = dataset_version_resolve(org=org, reference=request["dataset"], with_local_support=local)
+    if local:
         dataset_version_local_check(dataset_version=dataset_version, task_names=request["plan"].get("task_names"))
     fields = [f"actors[{i}]" for i in range(len(request["actors"]))] if "actors" in request else ["actor"]
     refs = [ProfileRef(**ref) for ref in request.get("actors", [request["actor"]])]
     pinned = _actors_pin(org=org, refs=refs, fields=fields, train=request["kind"] == RunKind.TRAIN)
-    actor, model_binding = pinned[0].version, pinned[0].binding
+    model_binding = pinned[0].binding
     judge = _resolve_profile(org=org, ref=ProfileRef(**request["judge"]), field="judge") if request["judge"] else None
     if request["kind"] == RunKind.REGRADE:
         _regrade_source_check(org=org, source_id=request["plan"]["source_run"], judge=judge)
@@ -333,6 +327,37 @@ def run_submit(
     if judge is not None:
         judge_model = profile_version_recipe(profile_version=judge).get("model")
         judge_binding = model_binding_resolve(org=org, binding=judge_model, field="judge") if judge_model else None
+    return _Pins(dataset_version=dataset_version, pinned=pinned, judge=judge, judge_binding=judge_binding)
+
+
+def run_submit(
+    *,
+    org: Organization,
+    user: AbstractBaseUser | None,
+    idempotency_key: str,
+    body: Any,
+) -> tuple[Run, bool]:
+    """Admit a run: resolve and pin its inputs, then write Run, RunSpec and `run.created`
+    in one transaction. Returns (run, created). Same key + same body returns the first
+    run; same key + another body is a Conflict."""
+    if not idempotency_key or len(idempotency_key) > 200:
+        raise ValidationFailed("Idempotency-Key must be 1-200 characters", field="Idempotency-Key")
+    request = run_request_normalize(body=body)
+    request_digest = canonical_digest(request)
+
+    # The Idempotency-Key is looked up only when admission fails here or its insert meets
+    # the key's unique constraint, not before every admission (one query less for each
+    # new run): a replay still answers with its first run, whatever its inputs resolve to
+    # now (a dataset or profile version since removed), and another body is a Conflict.
+    try:
+        pins = _admission_pin(org=org, request=request, body=body)
+    except Exception:
+        existing = _existing_run(org=org, idempotency_key=idempotency_key, request_digest=request_digest)
+        if existing is None:
+            raise
+        return existing, False
+    dataset_version, pinned, judge = pins.dataset_version, pins.pinned, pins.judge
+    actor, model_binding, judge_binding = pinned[0].version, pinned[0].binding, pins.judge_binding
 
     try:
         with transaction.atomic():

@@ -63,6 +63,38 @@ def test_same_key_other_body_is_a_conflict(alice, inputs):
     assert Run.objects.count() == 1
 
 
+def test_a_replay_answers_its_run_even_when_its_inputs_no_longer_admit(alice, inputs, monkeypatch):
+    # The key is looked up once admission fails (not before it): a replay whose inputs are
+    # now refused, or resolve to another version, still answers with its first run.
+    from apps.core.errors import ValidationFailed
+    from apps.runs import services
+    from tests.factories import NOOP_RECIPE, make_profile_version
+
+    body = copy.deepcopy(inputs["body"])
+    del body["actor"]["version"]  # the latest version
+    first = submit(alice, body)
+    assert first.status_code == 201, first.content
+    make_profile_version(org=alice.org, recipe={**NOOP_RECIPE, "description": "v2"})
+    replay = submit(alice, copy.deepcopy(body))
+    assert replay.status_code == 200
+    assert replay.json()["id"] == first.json()["id"] and replay.json()["actor"]["version"] == 1
+
+    # Published versions are immutable: a refusal the deployment's settings brought about
+    # (its default environment now the local sandbox, which cannot run a task) stands in.
+    def refuse(**kwargs):
+        raise ValidationFailed("the local sandbox cannot run it", field="dataset")
+
+    monkeypatch.setattr(services, "dataset_version_local_check", refuse)
+    assert submit(alice, copy.deepcopy(body), key="new").status_code == 400
+    refused = submit(alice, copy.deepcopy(body))
+    assert refused.status_code == 200 and refused.json()["id"] == first.json()["id"]
+    other = copy.deepcopy(body)
+    other["plan"]["attempts_per_task"] = 3
+    conflict = submit(alice, other)
+    assert conflict.status_code == 409 and conflict.json()["error"]["field"] == "Idempotency-Key"
+    assert Run.objects.count() == 1
+
+
 def test_without_a_key_each_submission_is_new(alice, inputs):
     a = alice.client.post("/api/runs", inputs["body"], format="json")
     b = alice.client.post("/api/runs", inputs["body"], format="json")
