@@ -254,6 +254,9 @@ SYNTH_TASK_MAX_ARCHIVE_BYTES = env_int("SYNTH_TASK_MAX_ARCHIVE_BYTES", 256 * 102
 # One file of a task, and a whole task's content (unpacked), at most.
 SYNTH_TASK_MAX_FILE_BYTES = env_int("SYNTH_TASK_MAX_FILE_BYTES", 64 * 1024 * 1024, minimum=1)
 SYNTH_TASK_MAX_BYTES = env_int("SYNTH_TASK_MAX_BYTES", 256 * 1024 * 1024, minimum=1)
+# Processes that parse a large import's tasks (each task's parse is pure CPU and disk,
+# independent of the others); 1 parses in the request's own process.
+SYNTH_TASK_PARSE_WORKERS = env_int("SYNTH_TASK_PARSE_WORKERS", min(2, os.cpu_count() or 1), minimum=1)
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("SYNTH_MAX_UPLOAD_BYTES", 256 * 1024 * 1024)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
 
