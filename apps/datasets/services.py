@@ -9,8 +9,10 @@ no row references.
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import multiprocessing
+import os
 import re
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
@@ -41,6 +43,7 @@ STORE_CHUNK = 500
 PARALLEL_PARSE_MIN_TASKS = 100
 # Tasks per message to a parse worker (amortises pickling round trips).
 PARALLEL_PARSE_CHUNK = 50
+MEMORY_SCRATCH = "/dev/shm"
 
 
 class ArchiveTooLarge(ServiceError):
@@ -308,6 +311,24 @@ def dataset_import_path(*, org: Organization, name: str, version: str, path: Pat
     return dataset_import_dir(org=org, name=name, version=version, path=path)
 
 
+def _import_scratch_dir() -> str | None:
+    """The folder an uploaded archive is unpacked in (None: the system's temporary folder).
+
+    See settings.SYNTH_TASK_IMPORT_SCRATCH. Room is checked per import: memory-backed
+    space is shared, and running out half-way would fail the import.
+    """
+    if settings.SYNTH_TASK_IMPORT_SCRATCH:
+        return settings.SYNTH_TASK_IMPORT_SCRATCH
+    try:
+        st = os.statvfs(MEMORY_SCRATCH)
+    except OSError:
+        return None
+    room = st.f_bavail * st.f_frsize
+    if room < 2 * settings.SYNTH_TASK_MAX_ARCHIVE_BYTES or not os.access(MEMORY_SCRATCH, os.W_OK | os.X_OK):
+        return None
+    return MEMORY_SCRATCH
+
+
 def dataset_import_archive(
     *,
     org: Organization,
@@ -330,7 +351,27 @@ def dataset_import_archive(
         )
     if registry is not None and len(registry) > MAX_REGISTRY_BYTES:
         raise ArchiveTooLarge(f"registry is over the limit of {MAX_REGISTRY_BYTES} bytes", field="registry")
-    with tempfile.TemporaryDirectory(prefix="synth-dataset-") as tmp:
+    scratch = _import_scratch_dir()
+    rewind = archive.tell() if scratch is not None and archive.seekable() else None
+    try:
+        return _dataset_import_unpacked(
+            org=org, name=name, version=version, archive=archive, registry=registry, scratch=scratch
+        )
+    except OSError as exc:
+        # Memory-backed scratch space is shared and was only checked for room up front:
+        # if it fills up half-way, the archive is unpacked again on disk.
+        if exc.errno != errno.ENOSPC or rewind is None:
+            raise
+    archive.seek(rewind)
+    return _dataset_import_unpacked(
+        org=org, name=name, version=version, archive=archive, registry=registry, scratch=None
+    )
+
+
+def _dataset_import_unpacked(
+    *, org: Organization, name: str, version: str, archive: IO[bytes], registry: bytes | None, scratch: str | None
+) -> tuple[DatasetVersion, bool]:
+    with tempfile.TemporaryDirectory(prefix="synth-dataset-", dir=scratch) as tmp:
         extract_dir = Path(tmp) / "archive"
         extract_dir.mkdir()
         try:

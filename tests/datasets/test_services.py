@@ -260,3 +260,64 @@ def test_parse_in_workers_refuses_the_first_malformed_task(alice, examples_copy,
     assert info.value.message.startswith(expected), info.value.message
     assert _counts() == before
     assert parse_in_workers == [2]
+
+
+def _scratch_spy(monkeypatch) -> list[Path]:
+    """Records the folders archives are unpacked in."""
+    from apps.datasets import services, task_archives
+
+    dests: list[Path] = []
+    real = task_archives.archive_extract
+
+    def spy(fileobj, dest, **kwargs):
+        dests.append(dest)
+        return real(fileobj, dest, **kwargs)
+
+    monkeypatch.setattr(services.task_archives, "archive_extract", spy)
+    return dests
+
+
+def test_archive_is_unpacked_in_the_configured_scratch_folder(alice, examples_copy, settings, tmp_path, monkeypatch):
+    from apps.datasets.services import dataset_import_archive
+    from tests.datasets.conftest import tar_gz
+
+    settings.SYNTH_TASK_IMPORT_SCRATCH = str(tmp_path / "scratch")
+    (tmp_path / "scratch").mkdir()
+    dests = _scratch_spy(monkeypatch)
+    dv, created = dataset_import_archive(
+        org=alice.org, name="examples", version="1.0", archive=tar_gz(examples_copy(1))
+    )
+    assert created and dv.task_count == len(EXAMPLE_SLUGS)
+    assert len(dests) == 1 and dests[0].is_relative_to(tmp_path / "scratch")
+    assert list((tmp_path / "scratch").iterdir()) == []  # removed after the import
+
+
+def test_full_memory_scratch_falls_back_to_disk(alice, examples_copy, settings, tmp_path, monkeypatch):
+    import errno
+
+    from apps.datasets import services, task_archives
+    from apps.datasets.services import dataset_import_archive
+    from tests.datasets.conftest import tar_gz
+
+    settings.SYNTH_TASK_IMPORT_SCRATCH = ""
+    memory = tmp_path / "memory"
+    memory.mkdir()
+    monkeypatch.setattr(services, "MEMORY_SCRATCH", str(memory))
+    dests: list[Path] = []
+    real = task_archives.archive_extract
+
+    def filling(fileobj, dest, **kwargs):
+        dests.append(dest)
+        if dest.is_relative_to(memory):
+            fileobj.read(100)  # part of the stream is consumed before the space runs out
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fileobj, dest, **kwargs)
+
+    monkeypatch.setattr(services.task_archives, "archive_extract", filling)
+    reference, _ = dataset_import_dir(org=alice.org, name="examples", version="0.1", path=examples_copy(2))
+    dv, created = dataset_import_archive(
+        org=alice.org, name="examples", version="1.0", archive=tar_gz(examples_copy(1))
+    )
+    assert created and dv.digest == reference.digest
+    assert len(dests) == 2 and dests[0].is_relative_to(memory) and not dests[1].is_relative_to(memory)
+    assert list(memory.iterdir()) == []
