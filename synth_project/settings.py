@@ -254,6 +254,14 @@ SYNTH_TASK_MAX_ARCHIVE_BYTES = env_int("SYNTH_TASK_MAX_ARCHIVE_BYTES", 256 * 102
 # One file of a task, and a whole task's content (unpacked), at most.
 SYNTH_TASK_MAX_FILE_BYTES = env_int("SYNTH_TASK_MAX_FILE_BYTES", 64 * 1024 * 1024, minimum=1)
 SYNTH_TASK_MAX_BYTES = env_int("SYNTH_TASK_MAX_BYTES", 256 * 1024 * 1024, minimum=1)
+# Processes that parse a large import's tasks (each task's parse is pure CPU and disk,
+# independent of the others); 1 parses in the request's own process.
+SYNTH_TASK_PARSE_WORKERS = env_int("SYNTH_TASK_PARSE_WORKERS", min(2, os.cpu_count() or 1), minimum=1)
+# Where an uploaded dataset archive is unpacked while it is checked (a folder per import,
+# removed after it). Empty: /dev/shm when that memory-backed folder has room for the
+# largest archive allowed (unpacking and removing many small files there costs a fraction
+# of a disk's), else the system's temporary folder.
+SYNTH_TASK_IMPORT_SCRATCH = os.environ.get("SYNTH_TASK_IMPORT_SCRATCH", "")
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("SYNTH_MAX_UPLOAD_BYTES", 256 * 1024 * 1024)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
 

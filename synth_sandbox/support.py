@@ -213,10 +213,13 @@ def describe_task_support(
     *,
     allowed_images: Sequence[str] = DEFAULT_ALLOWED_IMAGES,
     host_dirs: Sequence[str] = DEFAULT_HOST_DIRS,
+    config: TaskConfig | None = None,
 ) -> SupportReport:
     """Problems (reasons to reject) and warnings for running a task in the local sandbox.
 
     ``task`` is a task directory (all checks) or a parsed TaskConfig (no file checks).
+    With a directory, ``config`` is its task.toml already parsed (an import has parsed
+    it once; parsing it again is a good part of the cost of a check).
     """
     report = SupportReport()
     task_dir: Path | None = None
@@ -224,7 +227,8 @@ def describe_task_support(
         config = task
     else:
         task_dir = Path(task)
-        config = TaskConfig.model_validate_toml((task_dir / "task.toml").read_text())
+        if config is None:
+            config = TaskConfig.model_validate_toml((task_dir / "task.toml").read_text())
     options = {"allowed_images": allowed_images, "host_dirs": host_dirs}
     env_dir = task_dir / "environment" if task_dir is not None else None
     _check_environment(report, config.environment, env_dir, label="the task environment", **options)

@@ -10,3 +10,7 @@ class TaskFormatError(ValueError):
         super().__init__(f"{where}: {problem}")
         self.where = where
         self.problem = problem
+
+    def __reduce__(self) -> tuple[type[TaskFormatError], tuple[str, str]]:
+        # Raised in a parse worker process and re-raised in the request's (pickled).
+        return (type(self), (self.where, self.problem))

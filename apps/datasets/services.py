@@ -9,9 +9,13 @@ no row references.
 
 from __future__ import annotations
 
+import errno
 import fnmatch
+import multiprocessing
+import os
 import re
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
@@ -34,6 +38,12 @@ REFERENCE_RE = re.compile(r"^(?P<org>[^/@\s]+)/(?P<name>[^/@\s]+)@(?P<version>[^
 MAX_REGISTRY_BYTES = 4 * 1024 * 1024
 # Rows per statement when a dataset's tasks are stored (bounded parameter lists).
 STORE_CHUNK = 500
+# A dataset of fewer tasks per worker is parsed in the request's process: starting a
+# worker (interpreter, Harbor's models) costs about as much as parsing that many tasks.
+PARALLEL_PARSE_MIN_TASKS = 100
+# Tasks per message to a parse worker (amortises pickling round trips).
+PARALLEL_PARSE_CHUNK = 50
+MEMORY_SCRATCH = "/dev/shm"
 
 
 class ArchiveTooLarge(ServiceError):
@@ -64,6 +74,29 @@ def _task_parse(path: Path, *, label: str | None = None, field: str | None = Non
         )
     except TaskFormatError as exc:
         raise ValidationFailed(str(exc), field=field) from None
+
+
+def _tasks_parse(*, paths: list[Path], labels: list[str], field: str | None) -> list[ParsedTask]:
+    """`_task_parse` of every folder, in order; the first invalid one (in order) is refused.
+
+    A large dataset is parsed by a few worker processes (settings.SYNTH_TASK_PARSE_WORKERS):
+    each task's parse is independent CPU work, most of a push's time. Spawned, not forked:
+    the request's process has threads and database connections a fork would copy.
+    """
+    workers = min(settings.SYNTH_TASK_PARSE_WORKERS, len(paths) // PARALLEL_PARSE_MIN_TASKS)
+    if workers <= 1:
+        return [_task_parse(path, label=label, field=field) for path, label in zip(paths, labels, strict=True)]
+    limits = {"max_file_bytes": settings.SYNTH_TASK_MAX_FILE_BYTES, "max_task_bytes": settings.SYNTH_TASK_MAX_BYTES}
+    chunk = max(1, min(PARALLEL_PARSE_CHUNK, len(paths) // (workers * 4)))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            # map yields in order and, at the first refusal, cancels the chunks not yet
+            # started: the error is the first invalid task's, as parsing in order gives.
+            return list(
+                pool.map(harbor_tasks.task_dir_parse_in_worker, paths, labels, [limits] * len(paths), chunksize=chunk)
+            )
+        except TaskFormatError as exc:
+            raise ValidationFailed(str(exc), field=field) from None
 
 
 def _names_unique_check(*, tasks: list[ParsedTask], labels: list[str], field: str | None) -> None:
@@ -202,7 +235,7 @@ def _dataset_import_task_dirs(
         dirs = harbor_tasks.task_dirs_discover(root)
     except TaskFormatError as exc:
         raise ValidationFailed(str(exc), field=field) from None
-    tasks = [_task_parse(d, label=d.name, field=field) for d in dirs]
+    tasks = _tasks_parse(paths=dirs, labels=[d.name for d in dirs], field=field)
     _names_unique_check(tasks=tasks, labels=[d.name for d in dirs], field=field)
     return _dataset_version_store(org=org, name=name, version=version, tasks=tasks)
 
@@ -236,7 +269,9 @@ def _registry_tasks(
                     raise
     except TaskFormatError as exc:
         raise ValidationFailed(str(exc), field=field) from None
-    tasks = [_task_parse(entry.path, label=entry.path.name, field=field) for entry in entries]
+    tasks = _tasks_parse(
+        paths=[entry.path for entry in entries], labels=[entry.path.name for entry in entries], field=field
+    )
     labels = [f"{where}: tasks[{i}] ({entry.name})" for i, entry in enumerate(entries)]
     _names_unique_check(tasks=tasks, labels=labels, field=field)
     return tasks
@@ -276,6 +311,24 @@ def dataset_import_path(*, org: Organization, name: str, version: str, path: Pat
     return dataset_import_dir(org=org, name=name, version=version, path=path)
 
 
+def _import_scratch_dir() -> str | None:
+    """The folder an uploaded archive is unpacked in (None: the system's temporary folder).
+
+    See settings.SYNTH_TASK_IMPORT_SCRATCH. Room is checked per import: memory-backed
+    space is shared, and running out half-way would fail the import.
+    """
+    if settings.SYNTH_TASK_IMPORT_SCRATCH:
+        return settings.SYNTH_TASK_IMPORT_SCRATCH
+    try:
+        st = os.statvfs(MEMORY_SCRATCH)
+    except OSError:
+        return None
+    room = st.f_bavail * st.f_frsize
+    if room < 2 * settings.SYNTH_TASK_MAX_ARCHIVE_BYTES or not os.access(MEMORY_SCRATCH, os.W_OK | os.X_OK):
+        return None
+    return MEMORY_SCRATCH
+
+
 def dataset_import_archive(
     *,
     org: Organization,
@@ -298,7 +351,27 @@ def dataset_import_archive(
         )
     if registry is not None and len(registry) > MAX_REGISTRY_BYTES:
         raise ArchiveTooLarge(f"registry is over the limit of {MAX_REGISTRY_BYTES} bytes", field="registry")
-    with tempfile.TemporaryDirectory(prefix="synth-dataset-") as tmp:
+    scratch = _import_scratch_dir()
+    rewind = archive.tell() if scratch is not None and archive.seekable() else None
+    try:
+        return _dataset_import_unpacked(
+            org=org, name=name, version=version, archive=archive, registry=registry, scratch=scratch
+        )
+    except OSError as exc:
+        # Memory-backed scratch space is shared and was only checked for room up front:
+        # if it fills up half-way, the archive is unpacked again on disk.
+        if exc.errno != errno.ENOSPC or rewind is None:
+            raise
+    archive.seek(rewind)
+    return _dataset_import_unpacked(
+        org=org, name=name, version=version, archive=archive, registry=registry, scratch=None
+    )
+
+
+def _dataset_import_unpacked(
+    *, org: Organization, name: str, version: str, archive: IO[bytes], registry: bytes | None, scratch: str | None
+) -> tuple[DatasetVersion, bool]:
+    with tempfile.TemporaryDirectory(prefix="synth-dataset-", dir=scratch) as tmp:
         extract_dir = Path(tmp) / "archive"
         extract_dir.mkdir()
         try:

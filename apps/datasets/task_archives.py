@@ -62,12 +62,14 @@ def task_entries_collect(
     label: str,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     max_task_bytes: int = DEFAULT_MAX_TASK_BYTES,
+    skipped: list[str] | None = None,
 ) -> list[ArchiveEntry]:
     """Every file, directory and internal symlink of the task, sorted by path.
 
     Symlinks are kept as links (relative, so they still work after extraction) only when
     they point inside the task; a link that escapes the task, or dangles, is rejected
-    because its meaning would depend on the importing machine.
+    because its meaning would depend on the importing machine. The paths of the entries
+    left out (caches, VCS folders) are appended to ``skipped`` when it is given.
     """
     root = task_dir.resolve()
     entries: list[ArchiveEntry] = []
@@ -99,11 +101,15 @@ def task_entries_collect(
                 entries.append(ArchiveEntry(path=rel, kind="symlink", mode=0o777, link=Path(link).as_posix()))
             elif stat.S_ISDIR(st.st_mode):
                 if _skipped(child.name, True):
+                    if skipped is not None:
+                        skipped.append(rel)
                     continue
                 entries.append(ArchiveEntry(path=rel, kind="dir", mode=0o755))
                 stack.append(path)
             elif stat.S_ISREG(st.st_mode):
                 if _skipped(child.name, False):
+                    if skipped is not None:
+                        skipped.append(rel)
                     continue
                 if st.st_size > max_file_bytes:
                     raise TaskFormatError(

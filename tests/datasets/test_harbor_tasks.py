@@ -217,3 +217,109 @@ def test_archive_entry_limit_is_per_task(tmp_path: Path) -> None:
         task_archives.archive_extract(_tasks_tar(1, 12), tmp_path / "big", max_task_entries=10)
     with pytest.raises(TaskFormatError, match="more than 20 entries"):
         task_archives.archive_extract(_tasks_tar(5, 5), tmp_path / "ceiling", max_task_entries=10, max_members=20)
+
+
+# Harbor's input checks are left out when they cannot fail (a plain tree); these tasks
+# exercise both sides of that shortcut, and the outcome must be Harbor's either way.
+def _with_symlink(task: Path) -> None:
+    os.symlink("../instruction.md", task / "tests" / "instruction-link.md")
+
+
+def _with_harborignore_excluding_the_test(task: Path) -> None:
+    (task / "tests" / ".harborignore").write_text("test.sh\n")
+
+
+def _with_harborignore_excluding_nothing(task: Path) -> None:
+    (task / "solution" / ".harborignore").write_text("notes.txt\n")
+
+
+def _with_cache_dir(task: Path) -> None:
+    (task / "tests" / "__pycache__").mkdir()
+    (task / "tests" / "__pycache__" / "x.cpython-312.pyc").write_bytes(b"\0")
+
+
+def _without_test_script(task: Path) -> None:
+    (task / "tests" / "test.sh").unlink()
+
+
+def _windows_without_test_bat(task: Path) -> None:
+    (task / "task.toml").write_text(TASK_TOML.format(slug="hello") + 'os = "windows"\n')
+
+
+def _plain(task: Path) -> None:
+    pass
+
+
+_VARIANTS = [
+    _plain,
+    _with_symlink,
+    _with_harborignore_excluding_the_test,
+    _with_harborignore_excluding_nothing,
+    _with_cache_dir,
+    _without_test_script,
+    _windows_without_test_bat,
+]
+
+
+def _parse_outcome(task: Path) -> harbor_tasks.ParsedTask | str:
+    try:
+        return task_dir_parse(task)
+    except TaskFormatError as exc:
+        return f"error: {exc}"
+
+
+@pytest.mark.parametrize("variant", _VARIANTS, ids=lambda v: v.__name__)
+def test_harbor_shortcut_gives_harbor_checks_outcome(tmp_path: Path, monkeypatch, variant) -> None:
+    task = write_task(tmp_path, "hello")
+    variant(task)
+    shortcut = _parse_outcome(task)
+    monkeypatch.setattr(harbor_tasks, "_harbor_checks_trivially_pass", lambda *args, **kwargs: False)
+    assert _parse_outcome(task) == shortcut
+
+
+@pytest.mark.parametrize("slug", EXAMPLE_SLUGS)
+def test_harbor_shortcut_gives_harbor_checks_outcome_on_examples(monkeypatch, slug: str) -> None:
+    shortcut = task_dir_parse(EXAMPLE_TASKS / slug)
+    monkeypatch.setattr(harbor_tasks, "_harbor_checks_trivially_pass", lambda *args, **kwargs: False)
+    full = task_dir_parse(EXAMPLE_TASKS / slug)
+    assert full == shortcut
+    assert full.archive == shortcut.archive and full.local_support == shortcut.local_support
+
+
+def test_harbor_shortcut_is_taken_only_for_plain_trees(tmp_path: Path, monkeypatch) -> None:
+    taken: dict[str, bool] = {}
+    real = harbor_tasks._harbor_checks_trivially_pass
+    for variant in _VARIANTS:
+        task = write_task(tmp_path / variant.__name__, "hello")
+        variant(task)
+
+        def spy(*args, _name=variant.__name__, **kwargs):
+            taken[_name] = real(*args, **kwargs)
+            return taken[_name]
+
+        monkeypatch.setattr(harbor_tasks, "_harbor_checks_trivially_pass", spy)
+        _parse_outcome(task)
+    assert taken == {
+        "_plain": True,
+        "_with_symlink": False,
+        "_with_harborignore_excluding_the_test": False,
+        "_with_harborignore_excluding_nothing": False,
+        "_with_cache_dir": False,
+        "_without_test_script": False,
+        "_windows_without_test_bat": False,
+    }
+    examples: list[bool] = []
+    monkeypatch.setattr(
+        harbor_tasks, "_harbor_checks_trivially_pass", lambda *a, **k: examples.append(real(*a, **k)) or examples[-1]
+    )
+    for slug in EXAMPLE_SLUGS:  # the examples' shape (what a push carries) takes the shortcut
+        task_dir_parse(EXAMPLE_TASKS / slug)
+    assert examples == [True] * len(EXAMPLE_SLUGS)
+
+
+def test_task_format_error_survives_pickling() -> None:
+    import pickle
+
+    exc = pickle.loads(pickle.dumps(TaskFormatError("hello/task.toml", "missing")))
+    assert isinstance(exc, TaskFormatError)
+    assert (str(exc), exc.where, exc.problem) == ("hello/task.toml: missing", "hello/task.toml", "missing")

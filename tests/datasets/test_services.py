@@ -208,3 +208,116 @@ def test_import_command(alice, examples_copy, capsys) -> None:
     (broken / "hello" / "instruction.md").unlink()
     with pytest.raises(CommandError, match="hello/instruction.md: missing"):
         call_command("import_dataset", "--org", "team", "--name", "x", "--version", "1", str(broken))
+
+
+@pytest.fixture
+def parse_in_workers(settings, monkeypatch) -> list[int]:
+    """Parse even a handful of tasks in two worker processes (normally only large imports);
+    the list records the pools started."""
+    from apps.datasets import services
+
+    settings.SYNTH_TASK_PARSE_WORKERS = 2
+    monkeypatch.setattr(services, "PARALLEL_PARSE_MIN_TASKS", 1)
+    pools: list[int] = []
+    real = services.ProcessPoolExecutor
+
+    def recording(*args, **kwargs):
+        pools.append(kwargs["max_workers"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(services, "ProcessPoolExecutor", recording)
+    return pools
+
+
+def test_parse_in_workers_gives_the_same_versions(alice, bob, examples_copy, settings, parse_in_workers) -> None:
+    settings.SYNTH_TASK_PARSE_WORKERS = 1
+    in_process, _ = dataset_import_dir(org=alice.org, name="examples", version="1.0", path=examples_copy(1))
+    assert parse_in_workers == []
+    settings.SYNTH_TASK_PARSE_WORKERS = 2
+    in_workers, _ = dataset_import_dir(org=bob.org, name="examples", version="1.0", path=examples_copy(2))
+    assert parse_in_workers == [2]
+    assert in_workers.digest == in_process.digest
+    fields = ("name", "digest", "config", "instruction", "local_support", "has_dockerfile", "has_solution")
+    rows = [
+        list(TaskVersion.objects.filter(org=org).order_by("name").values_list(*fields)) for org in (alice.org, bob.org)
+    ]
+    assert rows[0] == rows[1] and len(rows[0]) == len(EXAMPLE_SLUGS)
+    # The stored archives are the same bytes (content-addressed: one object per digest).
+    assert sorted(StoredObject.objects.filter(org=bob.org).values_list("sha256", flat=True)) == sorted(
+        StoredObject.objects.filter(org=alice.org).values_list("sha256", flat=True)
+    )
+
+
+@pytest.mark.parametrize("breaker", [_break_missing_test, _break_toml_type])
+def test_parse_in_workers_refuses_the_first_malformed_task(alice, examples_copy, parse_in_workers, breaker) -> None:
+    root = examples_copy(1)
+    expected = breaker(write_task(root, "zz-broken"))
+    # A second broken task sorted after the first: the first one (in order) is named.
+    (write_task(root, "zzz-broken") / "instruction.md").unlink()
+    before = _counts()
+    with pytest.raises(ValidationFailed) as info:
+        dataset_import_dir(org=alice.org, name="examples", version="1.0", path=root)
+    assert info.value.message.startswith(expected), info.value.message
+    assert _counts() == before
+    assert parse_in_workers == [2]
+
+
+def _scratch_spy(monkeypatch) -> list[Path]:
+    """Records the folders archives are unpacked in."""
+    from apps.datasets import services, task_archives
+
+    dests: list[Path] = []
+    real = task_archives.archive_extract
+
+    def spy(fileobj, dest, **kwargs):
+        dests.append(dest)
+        return real(fileobj, dest, **kwargs)
+
+    monkeypatch.setattr(services.task_archives, "archive_extract", spy)
+    return dests
+
+
+def test_archive_is_unpacked_in_the_configured_scratch_folder(alice, examples_copy, settings, tmp_path, monkeypatch):
+    from apps.datasets.services import dataset_import_archive
+    from tests.datasets.conftest import tar_gz
+
+    settings.SYNTH_TASK_IMPORT_SCRATCH = str(tmp_path / "scratch")
+    (tmp_path / "scratch").mkdir()
+    dests = _scratch_spy(monkeypatch)
+    dv, created = dataset_import_archive(
+        org=alice.org, name="examples", version="1.0", archive=tar_gz(examples_copy(1))
+    )
+    assert created and dv.task_count == len(EXAMPLE_SLUGS)
+    assert len(dests) == 1 and dests[0].is_relative_to(tmp_path / "scratch")
+    assert list((tmp_path / "scratch").iterdir()) == []  # removed after the import
+
+
+def test_full_memory_scratch_falls_back_to_disk(alice, examples_copy, settings, tmp_path, monkeypatch):
+    import errno
+
+    from apps.datasets import services, task_archives
+    from apps.datasets.services import dataset_import_archive
+    from tests.datasets.conftest import tar_gz
+
+    settings.SYNTH_TASK_IMPORT_SCRATCH = ""
+    memory = tmp_path / "memory"
+    memory.mkdir()
+    monkeypatch.setattr(services, "MEMORY_SCRATCH", str(memory))
+    dests: list[Path] = []
+    real = task_archives.archive_extract
+
+    def filling(fileobj, dest, **kwargs):
+        dests.append(dest)
+        if dest.is_relative_to(memory):
+            fileobj.read(100)  # part of the stream is consumed before the space runs out
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fileobj, dest, **kwargs)
+
+    monkeypatch.setattr(services.task_archives, "archive_extract", filling)
+    reference, _ = dataset_import_dir(org=alice.org, name="examples", version="0.1", path=examples_copy(2))
+    dv, created = dataset_import_archive(
+        org=alice.org, name="examples", version="1.0", archive=tar_gz(examples_copy(1))
+    )
+    assert created and dv.digest == reference.digest
+    assert len(dests) == 2 and dests[0].is_relative_to(memory) and not dests[1].is_relative_to(memory)
+    assert list(memory.iterdir()) == []
