@@ -205,7 +205,7 @@ class TrainingWorker(threading.Thread):
 def one_batch(
     *, args: argparse.Namespace, mode: str, slow_seconds: float, attempts: Attempts, org: str
 ) -> dict[str, Any]:
-    from apps.training.models import LearningUpdate, Trainer
+    from apps.training.models import GroupContribution, LearningUpdate, Trainer
     from apps.training.services import step_settled, training_start
     from apps.training.updates import update_apply
 
@@ -258,7 +258,40 @@ def one_batch(
     # From the batch's groups made to its checkpoint recorded (the run's set-up and end aside).
     seconds = (update.checkpoint.created_at - started).total_seconds()
     assert Trainer.objects.get(run=run).step == 1
-    return {"seconds": seconds, "update": update, "sampled": sampled, "first": first}
+    last = max(settled)
+    submitted = list(
+        GroupContribution.objects.filter(update=update, submitted_at__isnull=False).values_list(
+            "submitted_at", flat=True
+        )
+    )
+    m = update.metrics
+    # Where the time after the last group went. A trainer that kept up with the batch has
+    # only the last group's forward/backward left then (groups_after_last 1); the others
+    # are groups it had not reached (the feeder's call still running, or left to the update).
+    tail = (update.checkpoint.created_at - last).total_seconds()
+    breakdown = {
+        "tail_s": round(tail, 3),
+        "groups_after_last": sum(1 for t in submitted if t > last),
+        # Until the trainer moved to updating: the feeder's call in flight at the last group.
+        "feeder_s": round(max(0.0, (updating_at(run_id=run.id) - last).total_seconds()), 3),
+        "gather_s": m.get("gather_seconds"),  # recording the groups not recorded yet
+        "client_s": m.get("client_seconds"),  # making the training client (0: the feeder's)
+        "train_s": m["train_seconds"],  # the update's forward/backward and optimizer step
+        "save_s": m["save_seconds"],  # saving and storing sampler weights and state
+        "groups_submitted_late": m["groups_submitted_late"],
+    }
+    # The rest: checkpoint and update rows, the hand-off to the update.
+    breakdown["other_s"] = round(
+        tail - sum(breakdown[k] or 0 for k in ("feeder_s", "gather_s", "client_s", "train_s", "save_s")), 3
+    )
+    return {"seconds": seconds, "update": update, "sampled": sampled, "first": first, "breakdown": breakdown}
+
+
+def updating_at(*, run_id: str) -> Any:
+    """When the trainer moved to updating (the whole batch settled and fed)."""
+    from apps.runs.models import RunEvent
+
+    return RunEvent.objects.get(run_id=run_id, type="training.updating").created_at
 
 
 def adapter_weights(checkpoint: Any) -> dict[str, Any]:
@@ -340,6 +373,10 @@ def main() -> None:
     diff = max(float((a[k] - b[k]).abs().max()) for k in a)
     scale = max(float(t.abs().max()) for t in a.values())
     ratio = results["pipelined"]["seconds"] / results["sequential"]["seconds"]
+    for mode in results:
+        print(
+            f"{mode:>10} after the last group: " + ", ".join(f"{k} {v}" for k, v in results[mode]["breakdown"].items())
+        )
     print(f"pipelined / sequential: {ratio:.2f}; max |kl_sample_train| {max(kls):.2e}")
     print(f"adapters of the two updates: max |difference| {diff:.2e} (max |weight| {scale:.2e})")
     print(
@@ -354,6 +391,9 @@ def main() -> None:
                 "groups": args.groups,
                 "group_size": args.group_size,
                 "weights_max_abs_diff": diff,
+                # The time after the last group settled, by where it went, in each mode.
+                "breakdown": {mode: results[mode]["breakdown"] for mode in results},
+                "loadavg": [round(v, 2) for v in os.getloadavg()],
             }
         )
     )

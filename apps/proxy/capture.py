@@ -40,6 +40,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.core.transitions import TransitionTable
+from apps.objects.models import StoredObject
 from apps.objects.selectors import object_get
 from apps.objects.services import object_put, object_read
 from apps.proxy import prompt_store
@@ -301,14 +302,22 @@ def publish_enqueue(*, interaction_id: str) -> None:
 def interaction_publish(*, interaction_id: str) -> str:
     """Upload a staged payload create-only with its sha256, commit the reference, clear
     the payload; then read it back and mark it verified. Idempotent. Returns the state."""
+    return interaction_evidence(interaction_id=interaction_id)[0]
+
+
+def interaction_evidence(*, interaction_id: str) -> tuple[str, bytes | None]:
+    """``interaction_publish``, and the payload's bytes when this call verified them (read
+    back from the store and re-hashed): a learner that publishes what it is about to train
+    on need not look up and read the object once more. None if it was verified before."""
     interaction = Interaction.objects.select_related("org").filter(pk=interaction_id).first()
     if interaction is None:
-        return "missing"
+        return "missing", None
+    obj: StoredObject | None = None
     if interaction.integrity == Integrity.STAGED:
         data = canonical_bytes(staged_payload(interaction=interaction))
         obj = object_put(org=interaction.org, data=data, content_type=PAYLOAD_CONTENT_TYPE)
         # A claim: a concurrent publisher that got here first already did the same.
-        interaction_transition(
+        if interaction_transition(
             interaction_id=interaction_id,
             field="integrity",
             to=Integrity.PUBLISHED,
@@ -320,19 +329,22 @@ def interaction_publish(*, interaction_id: str) -> str:
                 # Later calls based on this one read its prompt from the published object.
                 "prompt_ids_packed": None,
             },
-        )
-        interaction.refresh_from_db(fields=["integrity", "payload_sha256"])
+        ):
+            interaction.integrity, interaction.payload_sha256 = Integrity.PUBLISHED, obj.sha256
+        else:
+            interaction.refresh_from_db(fields=["integrity", "payload_sha256"])
     if interaction.integrity == Integrity.PUBLISHED:
-        obj = object_get(org=interaction.org, sha256=interaction.payload_sha256)
-        object_read(obj=obj)  # re-hashes the stored bytes; raises if they do not match
+        if obj is None or obj.sha256 != interaction.payload_sha256:
+            obj = object_get(org=interaction.org, sha256=interaction.payload_sha256)
+        verified = object_read(obj=obj)  # re-hashes the stored bytes; raises if they do not match
         interaction_transition(
             interaction_id=interaction_id,
             field="integrity",
             to=Integrity.VERIFIED,
             values={"verified_at": timezone.now()},
         )
-        return Integrity.VERIFIED
-    return interaction.integrity
+        return Integrity.VERIFIED, verified
+    return interaction.integrity, None
 
 
 def staged_sweep(*, older_than: timedelta = timedelta(minutes=2), limit: int = 500) -> int:

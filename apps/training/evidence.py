@@ -8,7 +8,7 @@ from typing import Any
 
 from apps.objects.selectors import object_get
 from apps.objects.services import object_read
-from apps.proxy.capture import interaction_publish
+from apps.proxy.capture import interaction_evidence
 from apps.proxy.models import Eligibility, Integrity, Interaction
 from apps.runs.models import SamplingGroup, TrialStatus
 from apps.training.datums import Attempt, Call, GroupData
@@ -18,8 +18,11 @@ from apps.training.sampling import TRUNCATED, TRUNCATED_STOP
 def _payload(interaction: Interaction) -> dict[str, Any]:
     """The interaction's token payload from the object store, publishing it first if the
     evidence publisher has not yet (training uses published evidence only)."""
-    if interaction.integrity == Integrity.STAGED:
-        interaction_publish(interaction_id=interaction.id)
+    if interaction.integrity != Integrity.VERIFIED:
+        # Publication reads the bytes back to verify them: those are the payload.
+        _, data = interaction_evidence(interaction_id=interaction.id)
+        if data is not None:
+            return json.loads(data)
         interaction.refresh_from_db(fields=["integrity", "payload_sha256"])
     obj = object_get(org=interaction.org, sha256=interaction.payload_sha256)
     return json.loads(object_read(obj=obj))

@@ -269,10 +269,12 @@ def _update_train(
     plan = run.spec.plan
     step = update.step
     try:
+        started = time.monotonic()
         live = live_client(trainer=trainer, plan=plan)
         if live.step != step:
             raise RuntimeError(f"the trainer's saved weights are of step {live.step}, not {step}")
         t0 = time.monotonic()
+        metrics["client_seconds"] = round(t0 - started, 3)  # 0 when the feeder's client is reused
         resubmitted = 0
         for item in recorded:
             if item.contribution.status in INCLUDED:
@@ -301,10 +303,12 @@ def _update_train(
         live.step, live.keys = step + 1, set()
         t2 = time.monotonic()
         name = f"{step + 1:06d}"
-        sampler_path = live.client.save_weights_for_sampler(name).result().path
-        state_path = live.client.save_state(name).result().path
-        snapshot, sha256, size = weights_persist(run=run, path=sampler_path)
-        state_ref, _, _ = weights_persist(run=run, path=state_path)
+        # Both saves are queued at once: the sampler weights are packed and stored while the
+        # trainer still writes its state (a backend runs its calls in submission order).
+        sampler_saved = live.client.save_weights_for_sampler(name)
+        state_saved = live.client.save_state(name)
+        snapshot, sha256, size = weights_persist(run=run, path=sampler_saved.result().path)
+        state_ref, _, _ = weights_persist(run=run, path=state_saved.result().path)
         t3 = time.monotonic()
     except Exception as exc:  # noqa: BLE001 - the weights may or may not have changed
         logger.exception("the update of %s step %s failed", run.id, step)

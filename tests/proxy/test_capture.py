@@ -219,6 +219,22 @@ def test_publish_uploads_create_only_and_verifies(alice, qwen3_tokenizer):
     assert capture.interaction_publish(interaction_id="int_missing") == "missing"
 
 
+def test_publishing_for_a_learner_returns_the_bytes_it_verified(alice, qwen3_tokenizer):
+    make_route(backend="scripted", config=scripted(qwen3_tokenizer, "Fine.<|im_end|>"))
+    call("/v1/messages", secret=issue(alice.org, "qwen3-test"), body=body())
+    interaction = Interaction.objects.get()
+    expected = canonical_bytes(capture.staged_payload(interaction=interaction))
+    state, data = capture.interaction_evidence(interaction_id=interaction.id)
+    interaction.refresh_from_db()
+    assert state == Integrity.VERIFIED and interaction.integrity == Integrity.VERIFIED and data == expected
+    assert object_read(obj=StoredObject.objects.get(org=alice.org, sha256=interaction.payload_sha256)) == data
+    # Verified before: nothing was read now, the caller reads the object itself.
+    assert capture.interaction_evidence(interaction_id=interaction.id) == (Integrity.VERIFIED, None)
+    # Published but not verified (a publisher died between its two moves): verified now.
+    Interaction.objects.filter(pk=interaction.id).update(integrity=Integrity.PUBLISHED, verified_at=None)
+    assert capture.interaction_evidence(interaction_id=interaction.id) == (Integrity.VERIFIED, expected)
+
+
 def test_sweeper_settles_abandoned_rows_and_requeues_staged(alice, qwen3_tokenizer, published):
     from datetime import timedelta
 

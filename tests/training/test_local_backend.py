@@ -107,6 +107,21 @@ def test_a_state_from_another_base_model_is_refused(service, tmp_path):
         other.create_training_client_from_state_with_optimizer(state).result()
 
 
+def test_each_client_gets_its_own_copy_of_the_pristine_base_model():
+    from apps.proxy.samplers.local import tiny_model_build
+    from apps.training.backends.local import base_model_build
+
+    first = base_model_build(spec=SPEC)
+    with torch.no_grad():
+        first.model.embed_tokens.weight.add_(1.0)  # a client's model changed in place
+    second = base_model_build(spec=SPEC)
+    fresh = tiny_model_build(family="qwen3", seed=0)
+    assert second.lm_head.weight is second.model.embed_tokens.weight  # still tied in the copy
+    assert not second.training
+    for name, tensor in fresh.state_dict().items():
+        assert torch.equal(second.state_dict()[name], tensor), name
+
+
 def test_unknown_losses_are_refused(service):
     client = service.create_lora_training_client("tiny", rank=4).result()
     call = Call(prompt_ids=[1, 2], output_ids=[3], logprobs=[-1.0])

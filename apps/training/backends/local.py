@@ -22,6 +22,7 @@ into the object store and unpacks it again to resume.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import copy
 import json
 import threading
 import uuid
@@ -48,12 +49,23 @@ def path_dir(path: str) -> Path:
     return Path(path[len(LOCAL_SCHEME) :])
 
 
+# The tiny models' pristine weights, built once per process: each training client gets a
+# copy (LoRA wraps its modules in place). Initialising one draws ~10M random numbers, which
+# costs a new client (the first group of every batch) several times what the copy does.
+_tiny_templates: dict[tuple[str, int], Any] = {}
+_tiny_lock = threading.Lock()
+
+
 def base_model_build(*, spec: dict[str, Any]) -> Any:
     """The frozen base model for a local route's sampler config (``tiny`` or ``model_dir``)."""
     from apps.proxy.samplers.local import tiny_model_build
 
     if spec.get("tiny"):
-        return tiny_model_build(family=spec.get("family", "qwen3"), seed=int(spec.get("seed", 0)))
+        key = (str(spec.get("family", "qwen3")), int(spec.get("seed", 0)))
+        with _tiny_lock:
+            if key not in _tiny_templates:
+                _tiny_templates[key] = tiny_model_build(family=key[0], seed=key[1])
+            return copy.deepcopy(_tiny_templates[key])  # tied weights stay tied in the copy
     if spec.get("model_dir"):
         from transformers import AutoModelForCausalLM
 
