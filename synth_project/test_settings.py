@@ -9,6 +9,17 @@ import tempfile
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/synth")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
+# Parallel test processes (pytest-xdist: gw0, gw1, ...) each get their own PostgreSQL test
+# database (pytest-django suffixes its name) and here their own Redis database, counting
+# down from the one given: tests flush it and start Celery workers on its queues, which
+# another process's tests must not see.
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _worker.startswith("gw") and _worker[2:].isdigit() and int(_worker[2:]):
+    _base, _, _db = os.environ["CELERY_BROKER_URL"].rpartition("/")
+    if _base.startswith("redis") and _db.isdigit():
+        if int(_db) - int(_worker[2:]) < 0:
+            raise RuntimeError(f"no Redis database left for test worker {_worker} below {_db}")
+        os.environ["CELERY_BROKER_URL"] = f"{_base}/{int(_db) - int(_worker[2:])}"
 # Rows are rewritten between and within tests: the proxy reads credentials and routes on
 # every call unless a test turns its caches on (tests/proxy/test_lookups.py).
 os.environ.setdefault("SYNTH_PROXY_LOOKUP_CHECK_SECONDS", "0")
