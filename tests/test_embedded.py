@@ -47,39 +47,27 @@ def test_embedded_default_runs_the_example_evaluation_and_training(tmp_path):
             SYNTH_API_URL=f"http://127.0.0.1:{port}",
             SYNTH_TOKEN=(tmp_path / "var" / "demo-token").read_text().strip(),
         )
-        shown = subprocess.run(
-            [str(ROOT / ".venv/bin/synth"), "run", "show", run_id, "--json"],
-            env=env_cli,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        run = json.loads(shown.stdout)
+
+        def cli_json(*args: str):  # type: ignore[no-untyped-def]
+            shown = subprocess.run(
+                [str(ROOT / ".venv/bin/synth"), *args, "--json"],
+                env=env_cli,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            return json.loads(shown.stdout)
+
+        run = cli_json("run", "show", run_id)
         assert run["status"] == "succeeded", (run, out.stdout[-3000:])
         assert run["summary"]["mean_reward"] == 1.0
         assert len(run["summary"]["per_task"]) >= 6
         # The training run, all on SQLite and the filesystem broker.
         train_id = out.stdout.split("== training run\n", 1)[1].splitlines()[0].strip()
         assert train_id.startswith("run_"), out.stdout[-3000:]
-        checkpoints = json.loads(
-            subprocess.run(
-                [str(ROOT / ".venv/bin/synth"), "run", "checkpoints", train_id, "--json"],
-                env=env_cli,
-                capture_output=True,
-                text=True,
-                timeout=60,
-            ).stdout
-        )
+        checkpoints = cli_json("run", "checkpoints", train_id)
         steps = json.loads((ROOT / "examples" / "train-plan-digits.json").read_text())["steps"]
-        updates = json.loads(
-            subprocess.run(
-                [str(ROOT / ".venv/bin/synth"), "run", "updates", train_id, "--json"],
-                env=env_cli,
-                capture_output=True,
-                text=True,
-                timeout=60,
-            ).stdout
-        )
+        updates = cli_json("run", "updates", train_id)
         updates.sort(key=lambda u: u["step"])
         assert [u["step"] for u in updates] == list(range(steps)), updates
         # A step whose groups all scored alike (every reply all digits, once learned) gives no
