@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,7 +49,7 @@ def test_embedded_default_runs_the_example_evaluation_and_training(tmp_path):
             SYNTH_TOKEN=(tmp_path / "var" / "demo-token").read_text().strip(),
         )
 
-        def cli_json(*args: str):  # type: ignore[no-untyped-def]
+        def cli_json(*args: str) -> Any:
             shown = subprocess.run(
                 [str(ROOT / ".venv/bin/synth"), *args, "--json"],
                 env=env_cli,
