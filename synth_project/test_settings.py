@@ -13,8 +13,16 @@ os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
 # database (pytest-django suffixes its name) and here their own Redis database, counting
 # down from the one given: tests flush it and start Celery workers on its queues, which
 # another process's tests must not see.
+# Once per process tree: the servers and workers a test starts inherit both variables and
+# load these settings too.
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-if _worker.startswith("gw") and _worker[2:].isdigit() and int(_worker[2:]):
+if (
+    _worker.startswith("gw")
+    and _worker[2:].isdigit()
+    and int(_worker[2:])
+    and os.environ.get("SYNTH_TEST_BROKER_OF") != _worker
+):
+    os.environ["SYNTH_TEST_BROKER_OF"] = _worker
     _base, _, _db = os.environ["CELERY_BROKER_URL"].rpartition("/")
     if _base.startswith("redis") and _db.isdigit():
         if int(_db) - int(_worker[2:]) < 0:
