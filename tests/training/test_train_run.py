@@ -172,18 +172,19 @@ def test_a_cheating_attempt_gives_the_update_no_signal(stack, alice, proxy_socke
     stack.start_worker("training", queues="training", concurrency=1)
     recipe = json.loads((EXAMPLES / "train-agent.json").read_text())
     recipe["setup"] = [cheating_setup(*PROCESS_TECHNIQUES, reward="7", only_even_attempts=True)]
-    plan = {**PLAN, "steps": 1, "group_size": 4, "eligibility": {"require_reward_variance": False}}
+    # Two attempts per group: attempt 0 cheats, attempt 1 does not.
+    plan = {**PLAN, "steps": 1, "group_size": 2, "eligibility": {"require_reward_variance": False}}
     run_id = submit(alice, kind="train", dataset=dataset.reference, actor=publish(alice, "cheater", recipe), plan=plan)
     run = wait_for(
         lambda: (r := Run.objects.get(pk=run_id)).is_terminal and r, timeout=300, what="the run", stack=stack
     )
     assert run.status == "succeeded", (run.error, stack.logs())
     trials = list(run.trials.all())
-    assert len(trials) == 8 and all(t.status == "succeeded" for t in trials), [
+    assert len(trials) == 4 and all(t.status == "succeeded" for t in trials), [
         (t.error_type, t.error_message) for t in trials
     ]
     assert all(0.0 <= t.reward <= 1.0 for t in trials), [t.reward for t in trials]
     (update,) = LearningUpdate.objects.filter(run=run)
-    assert update.status == UpdateStatus.APPLIED and update.metrics["attempts_qualified"] == 8
+    assert update.status == UpdateStatus.APPLIED and update.metrics["attempts_qualified"] == 4
     rewards = [r for group in update.groups for r in group["rewards"]]
-    assert len(rewards) == 8 and max(rewards) <= 1.0, update.metrics
+    assert len(rewards) == 4 and max(rewards) <= 1.0, update.metrics
