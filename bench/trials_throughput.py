@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,50 +57,40 @@ def make_tasks(root: Path, n: int) -> None:
         (d / "solution" / "solve.sh").write_text(f"#!/bin/bash\necho {i} > /app/out.txt\n")
 
 
-def tree_rss_mb(pid: int) -> float:
-    """Resident memory of a process and all its descendants (from /proc), in MB."""
+def _tree_sum(pid: int, value: Callable[[list[str], Path], int]) -> int:
+    """The sum of ``value(stat fields after the command name, /proc entry)`` over a process
+    and all its descendants."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            pages = int((entry / "statm").read_text().split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-        rss[int(entry.name)] = pages
-    total, stack = 0, [pid]
-    while stack:
-        p = stack.pop()
-        total += rss.get(p, 0)
-        stack.extend(children.get(p, []))
-    return total * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU time (user + system) of a process and its descendants, with their reaped children."""
-    children: dict[int, list[int]] = {}
-    cpu: dict[int, int] = {}
+    values: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            ppid = int(fields[1])
-            ticks = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+            ppid, own = int(fields[1]), value(fields, entry)
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(ppid, []).append(int(entry.name))
-        cpu[int(entry.name)] = ticks
+        values[int(entry.name)] = own
     total, stack = 0, [pid]
     while stack:
         p = stack.pop()
-        total += cpu.get(p, 0)
+        total += values.get(p, 0)
         stack.extend(children.get(p, []))
-    return total / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of a process and all its descendants (from /proc), in MB."""
+    pages = _tree_sum(pid, lambda _fields, entry: int((entry / "statm").read_text().split()[1]))
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU time (user + system) of a process and its descendants, with their reaped children."""
+    # utime, stime, cutime, cstime
+    ticks = _tree_sum(pid, lambda fields, _entry: sum(int(f) for f in fields[11:15]))
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def sandbox_floor(*, n: int, slots: int) -> dict[str, float]:

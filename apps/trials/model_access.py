@@ -281,9 +281,9 @@ def attempt_sampling(*, plan: dict[str, Any], trial: Trial) -> dict[str, Any]:
     attempt the same seed, and two attempts of one group never share one (the proxy then
     draws each call's seed from it and the prompt, apps.proxy.calls.call_sampling).
     """
-    held = {k: v for k, v in (plan.get("sampling") or {}).items() if k != "seed"}
-    if plan.get("sampling", {}).get("seed") is not None:
-        place = f"{plan['sampling']['seed']}/{trial.group.step}/{trial.group.position}/{trial.attempt}"
+    held = dict(plan.get("sampling") or {})
+    if held.get("seed") is not None:
+        place = f"{held['seed']}/{trial.group.step}/{trial.group.position}/{trial.attempt}"
         held["seed"] = int.from_bytes(hashlib.sha256(place.encode()).digest()[:8], "little") >> 2
     return held
 
