@@ -8,19 +8,23 @@ one JSON object {"sequential_s", "pipelined_s", "ratio", "max_abs_kl", "stalenes
 Each mode is its own train run (same tasks, same seeds, so the same tokens and rewards) in
 its own organization. Attempts run on ``--workers`` threads as trials workers would: each
 samples its group's binding with the proxy's local sampler (the route's tiny model, or the
-checkpoint's adapter), and its capture is staged and settled as the proxy does (evidence
-published by the learner); then the attempt "works" (one group much longer than the others:
-``--slow-seconds``, by default the time the other groups' training took in a warm-up batch) and
-its trial settles with a reward (the mean of (id mod 97) / 96 over its sampled ids).
+checkpoint's adapter), its capture is staged and settled as the proxy does and published as
+the evidence worker does; then the attempt "works" (one group much longer than the others:
+``--slow-seconds``, by default the time the other groups' training took in a warm-up batch)
+and its trial settles with a reward (the mean of (id mod 97) / 96 over its sampled ids).
 
-* sequential (lockstep): the learner waits for the whole batch, then ``update_apply`` does
-  every group's data, forward/backward, the optimizer step and the save.
-* pipelined: as each group settles, the training worker (a thread here, as the training
-  queue's one process) runs ``step_feed``: its contribution and forward/backward; when the
-  slow group settles, its own forward/backward, the optimizer step and the save.
+* sequential (lockstep): the learner waits for the whole batch, then the training worker
+  runs ``update_apply``: every group's data, forward/backward, the optimizer step and the save.
+* pipelined: as each group settles, the training worker runs ``step_feed``: its contribution
+  and forward/backward; when the slow group settles, its own forward/backward, the optimizer
+  step and the save.
+
+The training worker is a process of its own, spawned once and warmed by the first batch, as
+the training queue's worker is deployed: its interpreter and core are not the attempts'.
 
 Both are timed from the batch's groups made to its checkpoint recorded. ``max_abs_kl`` is the
-largest |kl_sample_train| of the pipelined update (sampler vs trainer logprobs, staleness 0),
+largest |kl_sample_train| (sampler vs trainer logprobs, staleness 0) of any group of either
+update,
 and the two updates' adapter weights are compared (``weights_max_abs_diff``). The database
 in DATABASE_URL is created if missing and migrated; the broker is in memory (nothing leaves
 the process).
@@ -31,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import sys
 import tempfile
 import threading
@@ -50,9 +53,12 @@ class Attempts:
     """Runs a train run's attempts in-process, as trials workers and the proxy would, with
     one sampler per binding (the proxy's local sampler, adapters from the object store)."""
 
-    def __init__(self, *, prompt_tokens: int, max_tokens: int) -> None:
+    def __init__(self, *, prompt_tokens: int, max_tokens: int, publish: bool = False) -> None:
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
+        # Publish each call's evidence at once, as the evidence worker does; else the learner
+        # publishes it when it reads the group (what a lost publication message leaves it).
+        self.publish = publish
         self._samplers: dict[str, Any] = {}
         self._lock = threading.Lock()
 
@@ -123,6 +129,8 @@ class Attempts:
         )
         interaction = capture.interaction_stage(rec=rec, compact=False)
         capture.interaction_settle(interaction_id=interaction.id, delivery=Delivery.DELIVERED)
+        if self.publish:  # the evidence worker's part (queue "evidence"), as soon as the call settled
+            capture.interaction_publish(interaction_id=interaction.id)
         if work_seconds:
             time.sleep(work_seconds)  # the attempt's tools and tests, in its sandbox
         reward = sum((t % SCORE_MOD) / (SCORE_MOD - 1) for t in out.token_ids) / len(out.token_ids)
@@ -174,40 +182,83 @@ def batch_run(
         list(pool.map(one, trials))
 
 
-class TrainingWorker(threading.Thread):
-    """The training queue's one process: feeds settled groups, applies the update."""
+def training_worker(inbox: Any, outbox: Any) -> None:
+    """The training queue's one process (spawned: its own interpreter and core, as the
+    deployed training worker is). Takes ("warm", run, 0) as the run starts (its training
+    client made while the batch samples, as the start task does), ("feed", run, step) as
+    each group settles and ("apply", run, step) for a lockstep batch; answers each message
+    with None or the error."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synth_project.settings")
+    sys.path.insert(0, str(ROOT))
+    import django
 
-    def __init__(self, *, run_id: str) -> None:
-        super().__init__(daemon=True)
-        self.run_id = run_id
-        self.inbox: queue.Queue[int | None] = queue.Queue()
-        self.error: BaseException | None = None
+    django.setup()
+    import torch
 
-    def run(self) -> None:
-        from django.db import connections
+    torch.set_num_threads(1)
+    from apps.training.clients import client_warm
+    from apps.training.models import Trainer, TrainerStatus
+    from apps.training.pipeline import step_feed
+    from apps.training.updates import update_apply
 
-        from apps.training.models import Trainer, TrainerStatus
-        from apps.training.pipeline import step_feed
-        from apps.training.updates import update_apply
-
+    while (message := inbox.get()) is not None:
+        kind, run_id, step = message
         try:
-            while (step := self.inbox.get()) is not None:
-                step_feed(run_id=self.run_id, step=step)
-                trainer = Trainer.objects.get(run_id=self.run_id)
+            if kind == "warm":
+                client_warm(run_id=run_id)
+            elif kind == "feed":
+                step_feed(run_id=run_id, step=step)
+                trainer = Trainer.objects.get(run_id=run_id)
                 if trainer.status == TrainerStatus.UPDATING and trainer.step == step:
-                    update_apply(run_id=self.run_id, step=step)
+                    update_apply(run_id=run_id, step=step)
+            else:
+                update_apply(run_id=run_id, step=step)
+            outbox.put(None)
         except BaseException as exc:  # noqa: BLE001 - reported by the bench
-            self.error = exc
-        finally:
-            connections.close_all()
+            outbox.put(f"{type(exc).__name__}: {exc}")
+
+
+class TrainingWorker:
+    """The spawned training process and its two queues; every message is answered, so
+    ``drain`` returns once the process has done everything it was given."""
+
+    def __init__(self) -> None:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        self.inbox, self.outbox = context.Queue(), context.Queue()
+        self.process = context.Process(target=training_worker, args=(self.inbox, self.outbox), daemon=True)
+        self.process.start()
+        self.sent = 0
+        self._lock = threading.Lock()
+
+    def send(self, kind: str, run_id: str, step: int) -> None:
+        with self._lock:
+            self.sent += 1
+        self.inbox.put((kind, run_id, step))
+
+    def drain(self) -> None:
+        errors = [error for error in (self.outbox.get() for _ in range(self.sent)) if error is not None]
+        self.sent = 0
+        if errors:
+            raise RuntimeError(f"the training worker failed: {errors[0]}")
+
+    def close(self) -> None:
+        self.inbox.put(None)
+        self.process.join()
 
 
 def one_batch(
-    *, args: argparse.Namespace, mode: str, slow_seconds: float, attempts: Attempts, org: str
+    *,
+    args: argparse.Namespace,
+    mode: str,
+    slow_seconds: float,
+    attempts: Attempts,
+    org: str,
+    worker: TrainingWorker,
 ) -> dict[str, Any]:
     from apps.training.models import GroupContribution, LearningUpdate, Trainer
     from apps.training.services import step_settled, training_start
-    from apps.training.updates import update_apply
 
     plan = {
         "steps": 1,
@@ -219,6 +270,7 @@ def one_batch(
     }
     run = make_train_run(org_slug=org, tasks=args.groups, plan=plan)
     training_start(run_id=run.id)
+    worker.send("warm", run.id, 0)
     slow = args.groups - 1
     if mode == "sequential":
         batch_run(
@@ -230,10 +282,8 @@ def one_batch(
             slow_seconds=slow_seconds,
         )
         assert step_settled(run_id=run.id, step=0)
-        update_apply(run_id=run.id, step=0)
+        worker.send("apply", run.id, 0)
     else:
-        worker = TrainingWorker(run_id=run.id)
-        worker.start()
         batch_run(
             attempts=attempts,
             run_id=run.id,
@@ -241,12 +291,9 @@ def one_batch(
             workers=args.workers,
             slow_position=slow,
             slow_seconds=slow_seconds,
-            on_group=worker.inbox.put,
+            on_group=lambda step: worker.send("feed", run.id, step),
         )
-        worker.inbox.put(None)
-        worker.join()
-        if worker.error is not None:
-            raise worker.error
+    worker.drain()
     from apps.runs.models import SamplingGroup
 
     settled = [g.settled_at for g in SamplingGroup.objects.filter(run=run, step=0)]
@@ -334,18 +381,22 @@ def main() -> None:
     import torch
 
     from apps.proxy.routes import DEFAULT_ROUTE, route_upsert
+    from apps.training.models import GroupContribution
 
     # The sampler and the trainer would be processes of their own: a core each, no thrashing.
     torch.set_num_threads(1)
     stamp = f"{int(time.time())}"
-    attempts = Attempts(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens)
+    attempts = Attempts(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, publish=True)
     route_upsert(**DEFAULT_ROUTE)
     attempts.sampler({"route": DEFAULT_ROUTE["name"]})  # built once, before anything is timed
 
     # A first lockstep batch without a slow group warms the process (models built, first
     # torch calls) and calibrates: unless told, the slow group then works as long as the
     # other groups' training takes (real batches differ by minutes).
-    probe = one_batch(args=args, mode="sequential", slow_seconds=0.0, attempts=attempts, org=f"probe-{stamp}")
+    worker = TrainingWorker()  # after the database is migrated: it inherits this environment
+    probe = one_batch(
+        args=args, mode="sequential", slow_seconds=0.0, attempts=attempts, org=f"probe-{stamp}", worker=worker
+    )
     per_group = probe["update"].metrics["train_seconds"] / args.groups
     slow_seconds = args.slow_seconds or round(max(1.0, per_group * (args.groups - 1)), 2)
     print(
@@ -355,7 +406,7 @@ def main() -> None:
     results = {}
     for mode in ("sequential", "pipelined"):
         results[mode] = one_batch(
-            args=args, mode=mode, slow_seconds=slow_seconds, attempts=attempts, org=f"{mode}-{stamp}"
+            args=args, mode=mode, slow_seconds=slow_seconds, attempts=attempts, org=f"{mode}-{stamp}", worker=worker
         )
         m = results[mode]["update"].metrics
         print(
@@ -365,10 +416,19 @@ def main() -> None:
             f"training {m['train_seconds']:.2f} s after the last group, {m['groups_submitted_late']} groups' "
             f"forward/backward then, save {m['save_seconds']:.2f} s; kl_sample_train {m['kl_sample_train']:.2e}"
         )
+    worker.close()
     pipelined = results["pipelined"]["update"]
     sequential = results["sequential"]["update"]
+    # Per group, not the batch's mean (whose terms of either sign can cancel): the largest
+    # |mean of sampler - trainer logprob| over the trained tokens of any group of either update.
     kls = [abs(v) for v in pipelined.metrics["kl_sample_train_by_staleness"].values()]
     kls.append(abs(sequential.metrics["kl_sample_train"]))
+    kls += [
+        abs(kl_sum / tokens)
+        for kl_sum, tokens in GroupContribution.objects.filter(
+            update__in=[pipelined, sequential], metrics__kl_tokens__gt=0
+        ).values_list("metrics__kl_sum", "metrics__kl_tokens")
+    ]
     a, b = adapter_weights(sequential.checkpoint), adapter_weights(pipelined.checkpoint)
     diff = max(float((a[k] - b[k]).abs().max()) for k in a)
     scale = max(float(t.abs().max()) for t in a.values())

@@ -434,6 +434,9 @@ SYNTH_PROXY_PREFIX_CACHE_ENTRIES = env_int("SYNTH_PROXY_PREFIX_CACHE_ENTRIES", 5
 SYNTH_PROXY_PREFIX_CACHE_BYTES = env_int("SYNTH_PROXY_PREFIX_CACHE_BYTES", 256 * 1024 * 1024, minimum=0)
 # Samplers with a LoRA adapter (one per checkpoint) kept loaded, most recently used first.
 SYNTH_PROXY_MAX_ADAPTER_SAMPLERS = env_int("SYNTH_PROXY_MAX_ADAPTER_SAMPLERS", 4, minimum=0)
+# What a local sampler keeps of recent prompts' prefills (KV caches), in bytes: a group's
+# attempts open with one prompt, and all but the first reuse its prefill. 0 keeps none.
+SYNTH_LOCAL_SAMPLER_PROMPT_CACHE_BYTES = env_int("SYNTH_LOCAL_SAMPLER_PROMPT_CACHE_BYTES", 256 * 1024 * 1024, minimum=0)
 # Checkpoints' LoRA adapters loaded into a vLLM server (openai routes) by one proxy process:
 # unloaded after this many idle seconds, and the least recently used idle ones beyond this
 # count unloaded before another is loaded. A route's sampler_config may set its own

@@ -3,6 +3,7 @@ local weights are packed into the object store, tinker:// paths are kept as they
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 from dataclasses import dataclass, field
@@ -17,7 +18,9 @@ from apps.proxy.models import ModelRoute
 from apps.runs.models import Run
 from apps.training.backends import backend_service
 from apps.training.backends.local import LOCAL_SCHEME, path_dir
-from apps.training.models import Trainer
+from apps.training.models import Trainer, TrainerStatus
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -83,6 +86,26 @@ def live_client(*, trainer: Trainer, plan: dict[str, Any]) -> LiveClient:
     with _clients_lock:
         _clients[trainer.run_id] = live
     return live
+
+
+def client_warm(*, run_id: str) -> bool:
+    """Make the run's live client in this process while its first batch samples, so the
+    first settled group's forward/backward does not wait for it (a Tinker client is a remote
+    allocation; a local one builds a model). Best effort: the first group or the update makes
+    it otherwise, and reports what fails. True if one was made here."""
+    trainer = Trainer.objects.select_related("run__spec").filter(run_id=run_id).first()
+    if trainer is None or trainer.status != TrainerStatus.SAMPLING or trainer.run.is_terminal:
+        return False
+    with client_lock(run_id):
+        with _clients_lock:
+            if run_id in _clients:
+                return False
+        try:
+            live_client(trainer=trainer, plan=trainer.run.spec.plan)
+        except Exception:  # noqa: BLE001 - made (and its error reported) again where it is needed
+            logger.warning("warming the training client of %s failed", run_id, exc_info=True)
+            return False
+    return True
 
 
 def training_client(*, trainer: Trainer, plan: dict[str, Any]) -> Any:

@@ -120,49 +120,102 @@ def kl_terms(*, datums: list[Any], outputs: list[dict[str, Any]]) -> tuple[float
     return total, count
 
 
-def contribution_submit(*, live: LiveClient, recorded: Recorded, plan: dict[str, Any], holder: str) -> bool:
-    """Run the contribution's forward/backward on ``live`` unless it has accumulated it
-    already (caller holds the run's client lock, and forgets the client if this raises).
-    True if it ran now."""
+@dataclass
+class Submission:
+    """A contribution's forward/backward queued on a live client, not yet waited for."""
+
+    recorded: Recorded
+    data: GroupData
+    future: Any
+
+
+def submission_start(*, live: LiveClient, recorded: Recorded, plan: dict[str, Any]) -> Submission | None:
+    """Queue the contribution's forward/backward on ``live`` unless it has accumulated it
+    already (caller holds the run's client lock, and forgets the client if this or the
+    wait raises). The client runs its calls in order on its own thread."""
     contribution = recorded.contribution
     if contribution.key in live.keys:
-        return False
+        return None
     data = recorded.data
     if data is None:  # prepared by another process: the same evidence gives the same datums
         data = _prepare(group=SamplingGroup.objects.select_related("run").get(pk=contribution.group_id), plan=plan)
     if not data.datums:
         raise RuntimeError(f"group {contribution.group_id} no longer gives the datums it was recorded with")
-    out = live.client.forward_backward(datums_to_tinker(data.datums), plan.get("loss", "importance_sampling")).result()
+    future = live.client.forward_backward(datums_to_tinker(data.datums), plan.get("loss", "importance_sampling"))
+    return Submission(recorded=recorded, data=data, future=future)
+
+
+def submission_finish(*, live: LiveClient, submission: Submission, holder: str) -> None:
+    """Wait for a queued forward/backward and record it as accumulated in ``live``."""
+    out = submission.future.result()
+    contribution = submission.recorded.contribution
     live.keys.add(contribution.key)
-    kl_sum, kl_tokens = kl_terms(datums=data.datums, outputs=out.loss_fn_outputs)
+    kl_sum, kl_tokens = kl_terms(datums=submission.data.datums, outputs=out.loss_fn_outputs)
     metrics = {"loss": out.metrics.get("loss:sum"), "kl_sum": kl_sum, "kl_tokens": kl_tokens}
     GroupContribution.objects.filter(pk=contribution.pk, status__in=INCLUDED).update(
         status=ContributionStatus.SUBMITTED, holder=holder, metrics=metrics, submitted_at=timezone.now()
     )
     contribution.status, contribution.holder, contribution.metrics = ContributionStatus.SUBMITTED, holder, metrics
+
+
+def contribution_submit(*, live: LiveClient, recorded: Recorded, plan: dict[str, Any], holder: str) -> bool:
+    """Run the contribution's forward/backward on ``live`` unless it has accumulated it
+    already (caller holds the run's client lock, and forgets the client if this raises).
+    True if it ran now."""
+    submission = submission_start(live=live, recorded=recorded, plan=plan)
+    if submission is None:
+        return False
+    submission_finish(live=live, submission=submission, holder=holder)
     return True
 
 
-def contributions_submit(*, trainer: Trainer, recorded: list[Recorded], plan: dict[str, Any], step: int) -> int:
-    """Submit the included contributions the run's live client lacks, if that client holds
-    the weights of ``step`` (else they wait for the update). Returns how many ran now."""
-    due = [r for r in recorded if r.contribution.status in INCLUDED]
-    if not due:
-        return 0
+def contributions_feed(*, trainer: Trainer, update: LearningUpdate, plan: dict[str, Any], submit: bool) -> None:
+    """Record the contribution of every settled group of the update's step that has none,
+    and, with ``submit``, queue the forward/backward of each included contribution the run's
+    live client lacks as soon as it is recorded. The client runs its calls in order on its
+    own thread, so the next group's evidence is read and its datums built while the one
+    before trains; only when no settled group is left to record does this wait for the
+    oldest call, then look again. Submits only to a client holding the weights of the step."""
+    settled = SamplingGroup.objects.filter(run_id=update.run_id, step=update.step, status=GroupStatus.SETTLED)
+
+    def next_unrecorded() -> SamplingGroup | None:
+        return settled.filter(contribution__isnull=True).select_related("run").order_by("position").first()
+
+    if not submit:
+        while (group := next_unrecorded()) is not None:
+            contribution_record(update=update, group=group, plan=plan)
+        return
     holder = process_identity()
-    submitted = 0
     with client_lock(trainer.run_id):
-        live = live_client(trainer=trainer, plan=plan)
-        if live.step != step:
-            return 0
+        live: LiveClient | None = None
+        queued: list[Submission] = []
+        # Those recorded before (a call that could not submit, another process' client) first.
+        pending = [
+            Recorded(contribution=c)
+            for c in GroupContribution.objects.filter(update=update, status__in=INCLUDED).order_by("group__position")
+        ]
         try:
-            for item in due:
-                submitted += contribution_submit(live=live, recorded=item, plan=plan, holder=holder)
+            while True:
+                for recorded in pending:
+                    live = live or live_client(trainer=trainer, plan=plan)
+                    if live.step != update.step:
+                        submit = False  # its update submits them instead
+                    if submit and (submission := submission_start(live=live, recorded=recorded, plan=plan)):
+                        queued.append(submission)
+                group = next_unrecorded()
+                if group is not None:
+                    recorded = contribution_record(update=update, group=group, plan=plan)
+                    pending = [recorded] if recorded.contribution.status in INCLUDED else []
+                elif queued:
+                    assert live is not None  # queued on it
+                    submission_finish(live=live, submission=queued.pop(0), holder=holder)
+                    pending = []
+                else:
+                    break
         except Exception:
             # Some of a failed call's gradients may have accumulated: the client is unknown now.
             client_forget(trainer.run_id)
             raise
-    return submitted
 
 
 def step_feed(*, run_id: str, step: int, submit: bool = True) -> bool:
@@ -186,9 +239,12 @@ def step_feed(*, run_id: str, step: int, submit: bool = True) -> bool:
     if update.status != UpdateStatus.PENDING:
         return False
     try:
-        recorded = contributions_record(update=update, plan=plan)
-        if submit and trainer.step == step and trainer.status == TrainerStatus.SAMPLING:
-            contributions_submit(trainer=trainer, recorded=recorded, plan=plan, step=step)
+        contributions_feed(
+            trainer=trainer,
+            update=update,
+            plan=plan,
+            submit=submit and trainer.step == step and trainer.status == TrainerStatus.SAMPLING,
+        )
     except Exception:  # noqa: BLE001 - the update gathers and submits again, and fails the run if it must
         logger.exception("feeding step %s of %s failed; its update will do the work", step, run_id)
     return step_settled(run_id=run_id, step=step)

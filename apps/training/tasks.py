@@ -11,10 +11,14 @@ from celery import shared_task
 
 @shared_task(name="training.start", acks_late=True, soft_time_limit=300, time_limit=360)
 def training_start_task(run_id: str) -> None:
-    # Idempotent: the trainer row is made once, under the run's lock.
+    # Idempotent: the trainer row is made once, under the run's lock. Then, on this queue's
+    # worker (where the groups' forward/backward will run), the training client is made
+    # while the first batch samples.
+    from apps.training.clients import client_warm
     from apps.training.services import training_start
 
     training_start(run_id=run_id)
+    client_warm(run_id=run_id)
 
 
 # A group's forward/backward runs here (on the run's training client in this process), so

@@ -246,3 +246,43 @@ def test_cancelled_request_stops_generating(tiny: LocalTorchSampler, monkeypatch
     asyncio.run(run())
     assert seen and seen[0].is_set()
     assert tiny.sample_blocking(req(max_tokens=2)).token_ids  # the model is free again
+
+
+def test_a_repeated_prompt_reuses_its_prefill_and_samples_what_a_fresh_prefill_does(tiny: LocalTorchSampler) -> None:
+    cached = LocalTorchSampler(model=tiny.model, name="cached", prompt_cache_bytes=64 << 20)
+    # A group's attempts: the same prompt, each with its own seed.
+    first = [cached.sample_blocking(req(seed=seed)) for seed in (1, 2, 3)]
+    assert (cached.prompts.hits, cached.prompts.misses) == (2, 1)
+    fresh = [tiny.sample_blocking(req(seed=seed)) for seed in (1, 2, 3)]
+    # Bit for bit: the kept cache is the one a prefill makes, and generation never extends it.
+    assert [(r.token_ids, r.logprobs) for r in first] == [(r.token_ids, r.logprobs) for r in fresh]
+    assert len({tuple(r.token_ids) for r in first}) == 3
+    again = cached.sample_blocking(req(seed=1))
+    assert (again.token_ids, again.logprobs) == (first[0].token_ids, first[0].logprobs)
+    other = cached.sample_blocking(req(prompt_ids=PROMPT[:-1], seed=1))
+    assert cached.prompts.misses == 2
+    assert (other.token_ids, other.logprobs) == (
+        tiny.sample_blocking(req(prompt_ids=PROMPT[:-1], seed=1)).token_ids,
+        tiny.sample_blocking(req(prompt_ids=PROMPT[:-1], seed=1)).logprobs,
+    )
+
+
+def test_the_prompt_cache_keeps_to_its_budget_least_recent_first_out(tiny: LocalTorchSampler) -> None:
+    probe = LocalTorchSampler(model=tiny.model, name="probe", prompt_cache_bytes=1 << 30)
+    probe.sample_blocking(req(max_tokens=1))
+    one = probe.prompts._bytes  # one prompt's cache and logits
+    assert one > 0
+    cached = LocalTorchSampler(model=tiny.model, name="budget", prompt_cache_bytes=2 * one + one // 2)
+    a, b, c = PROMPT, PROMPT[:-1] + [PROMPT[-1] + 1], PROMPT[:-1] + [PROMPT[-1] + 2]
+    for prompt in (a, b, a, c):  # a is used again before c comes, so b is the one to go
+        cached.sample_blocking(req(prompt_ids=prompt, max_tokens=1))
+    assert (cached.prompts.hits, cached.prompts.misses) == (1, 3)
+    assert cached.prompts._bytes <= cached.prompts.max_bytes
+    for prompt, hit in ((a, True), (c, True), (b, False)):
+        before = cached.prompts.hits
+        cached.sample_blocking(req(prompt_ids=prompt, max_tokens=1))
+        assert (cached.prompts.hits > before) is hit, prompt[-1]
+    # A budget smaller than one prompt keeps nothing, and samples all the same.
+    none = LocalTorchSampler(model=tiny.model, name="none", prompt_cache_bytes=one - 1)
+    assert none.sample_blocking(req()).token_ids == tiny.sample_blocking(req()).token_ids
+    assert none.prompts._bytes == 0 and none.prompts.hits == 0

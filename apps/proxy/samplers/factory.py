@@ -114,6 +114,7 @@ def _create(backend: str, config: dict[str, Any]) -> Sampler:
                 seed=int(config.get("seed", 0)),
                 device=config.get("device"),
                 adapter_dir=config.get("adapter_dir"),
+                prompt_cache_bytes=settings.SYNTH_LOCAL_SAMPLER_PROMPT_CACHE_BYTES,
             )
         if not config.get("model_dir"):
             raise ValueError('local config needs {"tiny": true, "family": ...} or {"model_dir": ...}')
@@ -122,6 +123,7 @@ def _create(backend: str, config: dict[str, Any]) -> Sampler:
             adapter_dir=config.get("adapter_dir"),
             device=config.get("device"),
             dtype=config.get("dtype"),
+            prompt_cache_bytes=settings.SYNTH_LOCAL_SAMPLER_PROMPT_CACHE_BYTES,
         )
     if backend == "tinker":
         from apps.proxy.samplers.tinker_sampler import TinkerSampler
