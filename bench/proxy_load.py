@@ -50,9 +50,16 @@ during the load (a backend that lives shorter than a sample is missed, so a per-
 connection is undercounted). Also printed: every PostgreSQL process of the server (the
 postmaster's reaped children included), which counts other users of a shared server too.
 
+A warm long call: after the load, one Claude Code conversation alone is grown call by call
+until its prompt reaches --long-tokens (100K), each call sent to the proxy and then, the same
+request body, to the floor. The proxy's added latency is its time to message_stop less the
+floor's (both include the upload of the request and the answer's bytes), over the calls
+within 10% of the target, each warm (the call before made its prefix-cache entry).
+
 The last line is one JSON object: sessions, calls_per_s, ttfb_p50_ms, ttfb_p99_ms,
-floor_calls_per_s, pg_cpu_ms_per_call, loop_lag_p99_ms (and the figures' context:
-floor ratio, the floor's own TTFB p50 and p99, pg_cpu_source, load_avg_1m, errors).
+floor_calls_per_s, pg_cpu_ms_per_call, loop_lag_p99_ms, warm_long_added_ms (and the
+figures' context: floor ratio, the floor's own TTFB p50 and p99, pg_cpu_source,
+load_avg_1m, errors, warm_long_tokens, warm_long_added_p99_ms, warm_long_ttfb_added_ms).
 
 Bounded: only loopback traffic; each session stops at --turns or when --max-seconds have
 passed; every request has a timeout; the proxy is stopped at the end. Prints figures;
@@ -208,7 +215,7 @@ def setup(sessions: int) -> tuple[str, list[str]]:
         "--family",
         FAMILY,
         "--context-window",
-        "32768",
+        "131072",  # the long conversation's 100K-token prompts fit (Qwen3 with YaRN: 128K)
         "--max-output",
         "4096",
         "--backend",
@@ -427,6 +434,47 @@ async def session(
     return calls
 
 
+async def long_session(client: Any, secret: str, args: argparse.Namespace) -> dict[str, Any] | None:
+    """One Claude Code conversation grown call by call until its prompt reaches
+    --long-tokens, alone on the proxy: each call, then the same request to the floor. The
+    proxy's added latency of a warm call (its prefix-cache entry made by the call before) is
+    its time to message_stop less the floor's for the same request body (the upload and the
+    answer's bytes are in both), over the calls whose prompt is within 10% of the target."""
+    from bench.claude_code_request import Conversation
+
+    conv = Conversation(seed=100_000, size="claude-code")
+    proxy, floor = Stats(), Stats()
+    rows: list[tuple[int, float, float, float, float]] = []  # tokens, done and TTFB of both
+    while len(rows) < 400:
+        try:
+            blocks = await one_call(client, conv, secret, proxy, args.timeout)
+            await one_call(client, conv, secret, floor, args.timeout, path=f"{FLOOR_PREFIX}v1/messages")
+        except Failed:
+            print(f"long conversation: a call failed at {len(rows)} calls: {dict(proxy.errors) or dict(floor.errors)}")
+            return None
+        rows.append((proxy.prompt_tokens[-1], proxy.done[-1], floor.done[-1], proxy.ttfb[-1], floor.ttfb[-1]))
+        if proxy.prompt_tokens[-1] >= args.long_tokens:
+            break
+        conv.advance(blocks)
+    near = [r for r in rows[1:] if r[0] >= 0.9 * args.long_tokens]
+    if not near:
+        print(f"long conversation: {len(rows)} calls reached {rows[-1][0]:,} tokens, not {args.long_tokens:,}")
+        return None
+    added = [r[1] - r[2] for r in near]
+    added_ttfb = [r[3] - r[4] for r in near]
+    print(
+        f"long conversation: {len(rows)} calls, prompt {rows[0][0]:,} -> {rows[-1][0]:,} tokens; "
+        f"the {len(near)} warm calls of {min(r[0] for r in near):,}+ tokens: proxy done {ms([r[1] for r in near])}, "
+        f"floor done {ms([r[2] for r in near])}; added {ms(added)}; added to TTFB {ms(added_ttfb)}"
+    )
+    return {
+        "warm_long_tokens": rows[-1][0],
+        "warm_long_added_ms": round(pct(added, 0.5) * 1000, 1),
+        "warm_long_added_p99_ms": round(pct(added, 0.99) * 1000, 1),
+        "warm_long_ttfb_added_ms": round(pct(added_ttfb, 0.5) * 1000, 1),
+    }
+
+
 async def client_lag_probe(stats: Stats, interval: float) -> None:
     loop = asyncio.get_running_loop()
     while True:
@@ -569,6 +617,7 @@ async def load(base: str, secrets: list[str], args: argparse.Namespace, proxy_pi
         machine = (machine1[0] - machine0[0]) / max(1, machine1[1] - machine0[1])
 
         floor, floor_calls, floor_elapsed = await run_phase(client, secrets, args, path=f"{FLOOR_PREFIX}v1/messages")
+        long = await long_session(client, secrets[0], args) if args.long_tokens else None
 
     args.window = (wall0, wall1)
     total = sum(calls)
@@ -622,6 +671,12 @@ async def load(base: str, secrets: list[str], args: argparse.Namespace, proxy_pi
         "pg_cpu_server_ms_per_call": round(pg_server * 1000 / max(1, total), 2),
         "errors": sum(stats.errors.values()),
         "load_avg_1m": round(os.getloadavg()[0], 2),
+        # A warm call of a --long-tokens conversation alone: the proxy's time less the floor's.
+        "warm_long_tokens": None,
+        "warm_long_added_ms": None,
+        "warm_long_added_p99_ms": None,
+        "warm_long_ttfb_added_ms": None,
+        **(long or {}),
     }
 
 
@@ -654,6 +709,13 @@ def main() -> None:
         help="conversation shape (claude-code: ~18K-token prompts; CPU-bound, use fewer sessions)",
     )
     parser.add_argument("--max-seconds", type=float, default=90, help="no call starts after this")
+    parser.add_argument(
+        "--long-tokens",
+        type=int,
+        default=100_000,
+        help="after the load, one conversation grown to this prompt size, call by call against the proxy "
+        "and the floor: the added latency of a warm call (0: skip)",
+    )
     parser.add_argument("--timeout", type=float, default=60, help="per-request timeout, seconds")
     parser.add_argument("--probe-ms", type=float, default=10, help="loop-lag probe interval")
     parser.add_argument("--retries", type=int, default=2, help="retries of a failed call (5xx, 429, transport)")

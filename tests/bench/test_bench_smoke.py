@@ -69,10 +69,16 @@ def test_proxy_load_prints_figures() -> None:
         pytest.skip("proxy_load needs PostgreSQL (DATABASE_URL)")
     database = url.rsplit("/", 1)[0] + "/synth_bench_proxy"
     out = run_bench(
-        "proxy_load.py", "--sessions", "4", "--turns", "2", "--max-seconds", "60", "--database-url", database
+        "proxy_load.py",
+        *("--sessions", "4", "--turns", "2", "--max-seconds", "60", "--long-tokens", "24000"),
+        *("--database-url", database),
     )
     for line in ("completed calls:", "TTFB (first SSE byte", "done (message_stop):", "proxy event-loop lag"):
         assert line in out, out
+    figures = json.loads(out.strip().splitlines()[-1])
+    # The long conversation grew past its target, and its warm calls were timed on both sides.
+    assert figures["warm_long_tokens"] >= 24000, out
+    assert isinstance(figures["warm_long_added_ms"], float), out
 
 
 def test_training_bench_prints_figures() -> None:
