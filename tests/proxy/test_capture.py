@@ -120,6 +120,33 @@ def test_payload_is_complete_and_re_renders_to_the_same_ids(alice, qwen3_tokeniz
     assert list(rerendered) == payload["prompt_ids"]
 
 
+def test_a_large_staged_payload_is_stored_lz4_compressed_and_reads_back_whole(alice, qwen3_tokenizer):
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("TOAST compression is PostgreSQL's")
+    make_route(backend="scripted", config=scripted(qwen3_tokenizer, "Done.<|im_end|>"))
+    secret = issue(alice.org, "qwen3-test")
+    # A long conversation's request: its JSON text is what makes a staged payload large.
+    history = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"step {i}: " + "ls -la " * 200} for i in range(41)
+    ]
+    r = call("/v1/messages", secret=secret, body=body(messages=history))
+    assert r.status == 200
+    interaction = Interaction.objects.get()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_column_compression(payload), pg_column_size(payload), octet_length(payload::text) "
+            "FROM proxy_interaction WHERE id = %s",
+            [interaction.id],
+        )
+        method, stored, text_size = cursor.fetchone()
+    assert method == "lz4" and text_size > 50_000 and stored < text_size / 3
+    payload = capture.staged_payload(interaction=interaction)
+    captured = json.loads(payload["request_json"])["messages"]  # the effective request: text blocks
+    assert [(m["role"], m["content"][0]["text"]) for m in captured] == [(h["role"], h["content"]) for h in history]
+
+
 def test_fitting_is_recorded_and_the_effective_prompt_captured(alice):
     make_route(context_window=900, max_output=100)
     huge = "\n".join(f"log line {i} " + "x" * 40 for i in range(300))
