@@ -8,7 +8,9 @@ shape, packed and uploaded as `synth dataset push` does).
 
 Prints figures; asserts nothing; the last line is one JSON object: {"submissions_per_s",
 "event_appends_per_s", "event_appends_batched_per_s", "cancel_10k_s", "push_10k_s"} (with
-the load average). The database named in DATABASE_URL is created if missing and its
+the load average, and "event_appends_parallel_per_s" with its floor
+"bare_commits_parallel_per_s": --writers processes appending at once, one event per
+transaction, against as many processes committing bare INSERTs). The database named in DATABASE_URL is created if missing and its
 tables are migrated; rows are left behind for inspection.
 """
 
@@ -28,6 +30,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -89,6 +92,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--events", type=int, default=5000)
     parser.add_argument("--burst", type=int, default=50, help="events per batched append")
+    parser.add_argument("--writers", type=int, default=8, help="processes appending at once")
     parser.add_argument("--cancel-trials", type=int, default=10_000, help="0: skip the cancel")
     parser.add_argument("--push-tasks", type=int, default=10_000, help="0: skip the push")
     args = parser.parse_args()
@@ -211,23 +215,20 @@ def main() -> None:
             f"{bursts * args.burst / elapsed:,.0f} events/s"
         )
 
-        def append_many(run_id: str, n: int) -> None:
-            from django.db import connections
-
-            try:
-                for i in range(n):
-                    with transaction.atomic():
-                        event_append(run_id=run_id, type="progress.tick", data={"i": i})
-            finally:
-                connections.close_all()
-
-        runs = list(Run.objects.filter(org=org).values_list("id", flat=True)[:8])
+        # Many writers at once, as a fleet's trials workers are: processes of their own (not
+        # threads sharing one interpreter), each appending to its own run, one event per
+        # transaction; side by side with the same number of processes committing bare
+        # INSERTs. Concurrent commits share WAL flushes, so both exceed one writer's rate.
+        runs = list(Run.objects.filter(org=org).values_list("id", flat=True)[: args.writers])
         per = args.events // len(runs)
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(len(runs)) as pool:
-            list(pool.map(lambda r: append_many(r, per), runs))
-        elapsed = time.perf_counter() - t0
-        print(f"event append ({len(runs)} runs in parallel threads): {per * len(runs) / elapsed:,.0f} events/s")
+        parallel = writers_rate(kind="append", run_ids=runs, n=per)
+        parallel_bare = writers_rate(kind="bare", run_ids=runs, n=per)
+        figures["event_appends_parallel_per_s"] = round(parallel)
+        figures["bare_commits_parallel_per_s"] = round(parallel_bare)
+        print(
+            f"event append ({len(runs)} processes, a run each, one per transaction): {parallel:,.0f} events/s; "
+            f"bare INSERT + COMMIT from as many processes: {parallel_bare:,.0f}/s"
+        )
 
         with httpx.Client(base_url=base, headers=headers, timeout=60) as client:
             t0 = time.perf_counter()
@@ -250,6 +251,54 @@ def main() -> None:
     figures["cancel_10k_s"] = cancel_bench(trials=args.cancel_trials) if args.cancel_trials else None
     figures["load_average"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(figures))
+
+
+def _writer(kind: str, run_id: str, n: int, barrier: Any, out: Any) -> None:
+    """One writing process of writers_rate: set up, wait for the others, then time ``n``
+    one-per-transaction writes (event appends to ``run_id``, or bare INSERTs)."""
+    import django
+
+    django.setup()
+    from django.db import connection, transaction
+
+    from apps.runs.services import event_append
+
+    connection.ensure_connection()
+    barrier.wait()
+    t0 = time.time()
+    for i in range(n):
+        with transaction.atomic():
+            if kind == "append":
+                event_append(run_id=run_id, type="progress.tick", data={"i": i})
+            else:
+                with connection.cursor() as cursor:
+                    cursor.execute("INSERT INTO bench_bare_commit (v) VALUES (%s)", [i])
+    out.put((t0, time.time()))
+
+
+def writers_rate(*, kind: str, run_ids: list[str], n: int) -> float:
+    """Writes per second of one process per run, started together (set-up not timed)."""
+    import multiprocessing
+
+    from django.db import connection
+
+    if kind == "bare":
+        with connection.cursor() as cursor:
+            cursor.execute("CREATE TABLE IF NOT EXISTS bench_bare_commit (id bigserial PRIMARY KEY, v integer)")
+    context = multiprocessing.get_context("spawn")
+    barrier, out = context.Barrier(len(run_ids)), context.Queue()
+    procs = [context.Process(target=_writer, args=(kind, run_id, n, barrier, out)) for run_id in run_ids]
+    try:
+        for proc in procs:
+            proc.start()
+        spans = [out.get(timeout=600) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(timeout=60)
+        if kind == "bare":
+            with connection.cursor() as cursor:
+                cursor.execute("DROP TABLE IF EXISTS bench_bare_commit")
+    return n * len(run_ids) / (max(end for _, end in spans) - min(start for start, _ in spans))
 
 
 def bare_commits_per_s(*, n: int) -> float:
