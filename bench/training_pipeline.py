@@ -20,14 +20,13 @@ and its trial settles with a reward (the mean of (id mod 97) / 96 over its sampl
   step and the save.
 
 The training worker is a process of its own, spawned once and warmed by the first batch, as
-the training queue's worker is deployed: its interpreter and core are not the attempts'.
+the training queue's worker is deployed: its interpreter is not the attempts'.
 
 Both are timed from the batch's groups made to its checkpoint recorded. ``max_abs_kl`` is the
 largest |kl_sample_train| (sampler vs trainer logprobs, staleness 0) of any group of either
-update,
-and the two updates' adapter weights are compared (``weights_max_abs_diff``). The database
-in DATABASE_URL is created if missing and migrated; the broker is in memory (nothing leaves
-the process).
+update, and the two updates' adapter weights are compared (``weights_max_abs_diff``). The
+database in DATABASE_URL is created if missing and migrated; the broker is in memory (no
+Celery worker runs: the bench calls the services).
 """
 
 from __future__ import annotations
@@ -183,8 +182,8 @@ def batch_run(
 
 
 def training_worker(inbox: Any, outbox: Any) -> None:
-    """The training queue's one process (spawned: its own interpreter and core, as the
-    deployed training worker is). Takes ("warm", run, 0) as the run starts (its training
+    """The training queue's one process (spawned: its own interpreter, as the deployed
+    training worker is). Takes ("warm", run, 0) as the run starts (its training
     client made while the batch samples, as the start task does), ("feed", run, step) as
     each group settles and ("apply", run, step) for a lockstep batch; answers each message
     with None or the error."""
