@@ -182,8 +182,7 @@ def contributions_feed(*, trainer: Trainer, update: LearningUpdate, plan: dict[s
         return settled.filter(contribution__isnull=True).select_related("run").order_by("position").first()
 
     if not submit:
-        while (group := next_unrecorded()) is not None:
-            contribution_record(update=update, group=group, plan=plan)
+        contributions_record(update=update, plan=plan)
         return
     holder = process_identity()
     with client_lock(trainer.run_id):

@@ -143,7 +143,7 @@ class PromptCache:
     @staticmethod
     def _size(cache: Any, logits: torch.Tensor) -> int:
         tensors = [logits]
-        for layer in getattr(cache, "layers", ()):
+        for layer in cache.layers:
             tensors += [t for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if t is not None]
         return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -157,9 +157,11 @@ class PromptCache:
         return copy.deepcopy(entry[0]), entry[1]
 
     def put(self, prompt: tuple[int, ...], cache: Any, logits: torch.Tensor) -> None:
+        if not hasattr(cache, "layers"):
+            return  # a cache this class cannot measure
         size = self._size(cache, logits)
-        if size > self.max_bytes or not hasattr(cache, "layers"):
-            return  # too large to keep, or a cache this class cannot measure
+        if size > self.max_bytes:
+            return  # too large to keep
         if prompt in self._entries:
             self._bytes -= self._entries.pop(prompt)[2]
         self._entries[prompt] = (copy.deepcopy(cache), logits, size)
