@@ -189,6 +189,83 @@ def test_archive_extract_refuses_path_traversal(tmp_path: Path) -> None:
     assert not (tmp_path / "evil.txt").exists()
 
 
+def _member(name: str, kind: bytes = tarfile.REGTYPE, *, mode: int = 0o644, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.linkname = kind, mode, link
+    info.uid, info.gid, info.uname, info.gname = 1000, 1000, "someone", "staff"
+    info.size = 3 if kind == tarfile.REGTYPE else 0
+    return info
+
+
+# Members of every kind the fast path takes or hands on: modes with high bits, group and
+# other write and no owner execute; folders; "./" and "//" names; links inside, and members
+# through and onto them; "..", absolute names and links, hard links, a fifo, a device.
+FILTER_CASES = [
+    _member("./"),
+    _member("top", tarfile.DIRTYPE, mode=0o777),
+    _member("top/plain.txt"),
+    _member("top/setuid", mode=0o4777),
+    _member("top/group-exec", mode=0o674),
+    _member("top/exec.sh", mode=0o700),
+    _member("./top//dotted.txt", mode=0o666),
+    _member("top/sub", tarfile.DIRTYPE, mode=0o700),
+    _member("top/inner", tarfile.SYMTYPE, link="sub"),
+    _member("top/inner/through.txt"),
+    _member("top/inner", mode=0o644),
+    _member("top/up", tarfile.SYMTYPE, link=".."),
+    _member("top/up/sideways.txt"),
+    _member("top/out", tarfile.SYMTYPE, link="../.."),
+    _member("top/abs", tarfile.SYMTYPE, link="/etc"),
+    _member("top/hard", tarfile.LNKTYPE, link="top/plain.txt"),
+    _member("top/../back.txt"),
+    _member("../escape.txt"),
+    _member("/etc/absolute.txt"),
+    _member("top/fifo", tarfile.FIFOTYPE),
+    _member("top/dev", tarfile.CHRTYPE),
+]
+
+
+def _extracted(dest: Path, choose) -> tuple[list[tuple[str, str]], list[tuple]]:
+    """Extract FILTER_CASES one by one with the filter ``choose()`` gives: (each member's
+    outcome, the tree left behind)."""
+    dest.mkdir()
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w") as tar:
+        for info in FILTER_CASES:
+            tar.addfile(info, io.BytesIO(b"abc") if info.isreg() else None)
+    data.seek(0)
+    outcomes = []
+    with tarfile.open(fileobj=data, mode="r") as tar:
+        the_filter = choose()
+        for member in tar.getmembers():
+            try:
+                tar.extract(member, dest, filter=the_filter)
+                outcomes.append((member.name, "ok"))
+            except (tarfile.FilterError, OSError) as exc:
+                outcomes.append((member.name, type(exc).__name__))
+    tree = []
+    for path in sorted(dest.rglob("*")):
+        st = path.lstat()
+        link = os.readlink(path) if path.is_symlink() else ""
+        body = path.read_bytes() if path.is_file() and not path.is_symlink() else b""
+        tree.append((str(path.relative_to(dest)), st.st_mode, st.st_uid, st.st_gid, link, body))
+    return outcomes, tree
+
+
+def test_the_fast_data_filter_gives_the_library_filters_answers(tmp_path: Path) -> None:
+    library = _extracted(tmp_path / "library", lambda: "data")
+    fast = _extracted(tmp_path / "fast", task_archives.DataFilter)
+    assert fast == library
+    outcomes = dict(library[0])
+    # The cases cover both paths and every refusal the filter makes.
+    assert outcomes["top/setuid"] == outcomes["top/inner/through.txt"] == outcomes["top/up/sideways.txt"] == "ok"
+    for refused in ("top/out", "top/abs", "../escape.txt", "top/fifo", "top/dev"):
+        assert outcomes[refused].endswith("Error"), refused
+    assert (tmp_path / "fast" / "sideways.txt").is_file()  # through a link to the top: still inside
+    assert (tmp_path / "fast" / "etc" / "absolute.txt").is_file()  # its leading "/" dropped
+    assert not (tmp_path / "escape.txt").exists()
+
+
 def test_archive_extract_refuses_garbage(tmp_path: Path) -> None:
     with pytest.raises(TaskFormatError, match="not a readable tar or tar.gz file"):
         task_archives.archive_extract(io.BytesIO(b"not a tar at all" * 100), tmp_path)
