@@ -158,12 +158,14 @@ class BuildContext:
         self._scan()
 
     def _scan(self) -> None:
+        # Paths as strings: a dataset push scans every task's context, and pathlib joins
+        # per entry cost more than the lstat they wrap.
+        prefix = os.path.join(str(self.root), "")
         for dirpath, dirnames, filenames in os.walk(self.root):
-            base = Path(dirpath).relative_to(self.root).as_posix()
-            base = "" if base == "." else base
+            base = os.path.join(dirpath, "")[len(prefix) :].rstrip("/")
             for name in [*dirnames, *filenames]:
                 rel = f"{base}/{name}" if base else name
-                kind = _kind(self.root / rel)
+                kind = _kind(os.path.join(dirpath, name))
                 if kind is None or self.ignore.excluded(rel):
                     continue
                 self.entries[rel] = kind
@@ -225,7 +227,7 @@ class BuildContext:
         return rows
 
 
-def _kind(path: Path) -> EntryKind | None:
+def _kind(path: str | Path) -> EntryKind | None:
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
