@@ -10,13 +10,16 @@ make the same task hash differently on two machines.
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import posixpath
 import re
 import stat
 import tarfile
-from collections.abc import Iterable
+import zlib
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -198,6 +201,25 @@ class DataFilter:
         return member.replace(**attrs, deep=False)
 
 
+@contextmanager
+def _tar_opened(fileobj: IO[bytes]) -> Iterator[tarfile.TarFile]:
+    """The upload as a tar read front to back. A gzip (what the CLI sends) is read through
+    GzipFile, whose buffered reads are C, by tarfile's seekable reader, which only ever
+    seeks forward here: the stream reader's small Python-level reads were a fifth of an
+    extraction's time. Anything else (plain, bz2, xz tars) goes to the stream reader."""
+    magic = b""
+    if fileobj.seekable():
+        start = fileobj.tell()
+        magic = fileobj.read(2)
+        fileobj.seek(start)
+    if magic != b"\x1f\x8b":
+        with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
+            yield tar
+        return
+    with gzip.GzipFile(fileobj=fileobj, mode="rb") as unzipped, tarfile.open(fileobj=unzipped, mode="r:") as tar:
+        yield tar
+
+
 def archive_extract(
     fileobj: IO[bytes],
     dest: Path,
@@ -222,7 +244,7 @@ def archive_extract(
     """
     data_filter = DataFilter()
     try:
-        with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
+        with _tar_opened(fileobj) as tar:
             count = tasks = total = 0
             for member in tar:
                 _member_names_check(member, where=where)
@@ -255,6 +277,8 @@ def archive_extract(
         raise TaskFormatError(where, f"not a readable tar or tar.gz file ({exc})") from None
     except EOFError:
         raise TaskFormatError(where, "truncated archive") from None
+    except (gzip.BadGzipFile, zlib.error) as exc:
+        raise TaskFormatError(where, f"not a readable tar or tar.gz file ({exc})") from None
     return archive_root(dest)
 
 

@@ -271,6 +271,26 @@ def test_archive_extract_refuses_garbage(tmp_path: Path) -> None:
         task_archives.archive_extract(io.BytesIO(b"not a tar at all" * 100), tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda data: data[: len(data) // 2], "archive: truncated archive"),
+        (lambda data: data[:10] + bytes(b ^ 0x5A for b in data[10:]), "archive: not a readable tar or tar.gz file"),
+        (lambda data: data[:2] + b"\x07" + data[3:], "archive: not a readable tar or tar.gz file"),
+    ],
+    ids=["truncated", "corrupt-deflate", "bad-gzip-header"],
+)
+def test_archive_extract_refuses_a_damaged_gzip(tmp_path: Path, damage, message: str) -> None:
+    """A gzip upload is read by its own reader (not tarfile's stream): its damage is still
+    a clear refusal, never an exception of the gzip or zlib modules."""
+    whole = _tasks_tar(40, 20).getvalue()
+    assert whole[:2] == b"\x1f\x8b"
+    assert task_archives.archive_extract(io.BytesIO(whole), tmp_path / "whole").is_dir()
+    with pytest.raises(TaskFormatError) as info:
+        task_archives.archive_extract(io.BytesIO(damage(whole)), tmp_path / "damaged")
+    assert str(info.value).startswith(message), str(info.value)
+
+
 def _tasks_tar(tasks: int, files_per_task: int) -> io.BytesIO:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
