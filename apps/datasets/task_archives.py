@@ -162,12 +162,14 @@ def canonical_tar(entries: Iterable[ArchiveEntry]) -> bytes:
 class DataFilter:
     """Python's "data" extraction filter (tarfile.data_filter), made cheap for the members
     that make up nearly all of an upload: a file or folder with a relative name without
-    `..`, neither under nor onto a link extracted before it. Into a folder that held no links, such a
-    member's path is inside the folder as written, so the two realpath() walks per member
-    the library filter makes (most of an extraction's time: a stat per path component)
-    cannot change its answer; the member gets the library filter's attributes. Every other
-    member (a link, `..`, an absolute name, a special file, a path through or onto a link)
-    goes to tarfile.data_filter itself. Use one per extraction, on a fresh folder."""
+    `..`, neither under nor onto a link extracted before it.
+
+    Into a folder that held no links, such a member's path is inside the folder as written,
+    so the two realpath() walks per member the library filter makes (most of an
+    extraction's time: a stat per path component) cannot change its answer; the member gets
+    the library filter's attributes. Every other member (a link, `..`, an absolute name, a
+    special file, a path through or onto a link) goes to tarfile.data_filter itself. Use one
+    per extraction, on a fresh folder."""
 
     def __init__(self) -> None:
         self._links: set[str] = set()  # normalised names of the links extracted so far
@@ -238,8 +240,9 @@ def archive_extract(
     task: the archive may hold ``max_task_entries`` entries for every task.toml seen so
     far plus one task's worth (a task's files sort before its task.toml), so a dataset of
     many small tasks fits, and ``max_members`` is the ceiling whatever it holds. Python's
-    "data" extraction filter (DataFilter: the same answers, cheaper) refuses absolute paths, `..`, links leaving `dest` and device
-    files. A single top-level folder is descended into, since `tar czf x.tgz mytasks/` is
+    "data" extraction filter (DataFilter: the same answers, cheaper) refuses absolute
+    paths, `..`, links leaving `dest` and device files; a hard link must follow its target.
+    A single top-level folder is descended into, since `tar czf x.tgz mytasks/` is
     the natural way to pack a folder of tasks.
     """
     data_filter = DataFilter()
@@ -267,6 +270,12 @@ def archive_extract(
                         raise TaskFormatError(where, f"content is over the limit of {max_total_bytes} bytes")
                     if member.name.rsplit("/", 1)[-1] == "task.toml":
                         tasks += 1
+                if member.islnk() and not os.path.exists(os.path.join(dest, member.linkname)):
+                    # tarfile would look for the target by reading the rest of the archive
+                    # (past every limit above) and seeking back to copy it.
+                    raise TaskFormatError(
+                        f"{where}: {member.name}", "hard link to a file that is not before it in the archive"
+                    )
                 try:
                     tar.extract(member, dest, filter=data_filter)
                 except tarfile.FilterError as exc:

@@ -291,6 +291,25 @@ def test_archive_extract_refuses_a_damaged_gzip(tmp_path: Path, damage, message:
     assert str(info.value).startswith(message), str(info.value)
 
 
+@pytest.mark.parametrize("mode", ["w:gz", "w"])
+def test_a_hard_link_before_its_target_is_refused(tmp_path: Path, mode: str) -> None:
+    """tarfile would read the rest of the archive, past the entry limits, to find it."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode=mode) as tar:
+        tar.addfile(_member("t/early", tarfile.LNKTYPE, link="t/late"))
+        tar.addfile(_member("t/late"), io.BytesIO(b"abc"))
+    buf.seek(0)
+    with pytest.raises(TaskFormatError, match="t/early: hard link to a file that is not before it in the archive"):
+        task_archives.archive_extract(buf, tmp_path)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode=mode) as tar:
+        tar.addfile(_member("t/late"), io.BytesIO(b"abc"))
+        tar.addfile(_member("t/early", tarfile.LNKTYPE, link="t/late"))
+    buf.seek(0)
+    task_archives.archive_extract(buf, tmp_path / "in-order")
+    assert (tmp_path / "in-order" / "t" / "early").read_bytes() == b"abc"
+
+
 def _tasks_tar(tasks: int, files_per_task: int) -> io.BytesIO:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
