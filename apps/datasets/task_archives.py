@@ -270,12 +270,7 @@ def archive_extract(
                         raise TaskFormatError(where, f"content is over the limit of {max_total_bytes} bytes")
                     if member.name.rsplit("/", 1)[-1] == "task.toml":
                         tasks += 1
-                if member.islnk() and not os.path.exists(os.path.join(dest, member.linkname)):
-                    # tarfile would look for the target by reading the rest of the archive
-                    # (past every limit above) and seeking back to copy it.
-                    raise TaskFormatError(
-                        f"{where}: {member.name}", "hard link to a file that is not before it in the archive"
-                    )
+                _link_check(member, dest, where=where)
                 try:
                     tar.extract(member, dest, filter=data_filter)
                 except tarfile.FilterError as exc:
@@ -289,6 +284,20 @@ def archive_extract(
     except (gzip.BadGzipFile, zlib.error) as exc:
         raise TaskFormatError(where, f"not a readable tar or tar.gz file ({exc})") from None
     return archive_root(dest)
+
+
+def _link_check(member: tarfile.TarInfo, dest: Path, *, where: str) -> None:
+    """Refuse the links tarfile cannot make where they are: for those it looks for the
+    target in the archive instead, reading all the rest of it (past every limit
+    archive_extract sets) and seeking back to copy the target's bytes."""
+    if member.islnk() and not os.path.isfile(os.path.join(dest, member.linkname)):
+        raise TaskFormatError(f"{where}: {member.name}", "hard link to a file that is not before it in the archive")
+    if member.issym():
+        target = os.path.join(dest, posixpath.normpath(member.name.lstrip("/")))
+        if os.path.isdir(target) and not os.path.islink(target):
+            raise TaskFormatError(
+                f"{where}: {member.name}", "symlink in the place of a folder before it in the archive"
+            )
 
 
 def _member_names_check(member: tarfile.TarInfo, *, where: str) -> None:

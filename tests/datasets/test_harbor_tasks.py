@@ -310,6 +310,24 @@ def test_a_hard_link_before_its_target_is_refused(tmp_path: Path, mode: str) -> 
     assert (tmp_path / "in-order" / "t" / "early").read_bytes() == b"abc"
 
 
+@pytest.mark.parametrize(
+    ("members", "message"),
+    [
+        ([_member("t/d", tarfile.DIRTYPE), _member("t/h", tarfile.LNKTYPE, link="t/d")], "t/h: hard link to a file"),
+        ([_member("t/d", tarfile.DIRTYPE), _member("t/d", tarfile.SYMTYPE, link="x")], "t/d: symlink in the place"),
+    ],
+    ids=["hard-link-to-a-folder", "symlink-over-a-folder"],
+)
+def test_links_tarfile_cannot_make_in_place_are_refused(tmp_path: Path, members, message: str) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for info in members:
+            tar.addfile(info)
+    buf.seek(0)
+    with pytest.raises(TaskFormatError, match=f"archive: {message}"):
+        task_archives.archive_extract(buf, tmp_path)
+
+
 def _tasks_tar(tasks: int, files_per_task: int) -> io.BytesIO:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
