@@ -290,10 +290,16 @@ def _link_check(member: tarfile.TarInfo, dest: Path, *, where: str) -> None:
     """Refuse the links tarfile cannot make where they are: for those it looks for the
     target in the archive instead, reading all the rest of it (past every limit
     archive_extract sets) and seeking back to copy the target's bytes."""
-    if member.islnk() and not os.path.isfile(os.path.join(dest, member.linkname)):
+
+    def inside(name: str) -> bool:  # else the extraction filter refuses the member anyway
+        name = posixpath.normpath(name)
+        return not (posixpath.isabs(name) or name == ".." or name.startswith("../"))
+
+    if member.islnk() and inside(member.linkname) and not os.path.isfile(os.path.join(dest, member.linkname)):
         raise TaskFormatError(f"{where}: {member.name}", "hard link to a file that is not before it in the archive")
-    if member.issym():
-        target = os.path.join(dest, posixpath.normpath(member.name.lstrip("/")))
+    name = member.name.lstrip("/")
+    if member.issym() and inside(name):
+        target = os.path.join(dest, posixpath.normpath(name))
         if os.path.isdir(target) and not os.path.islink(target):
             raise TaskFormatError(
                 f"{where}: {member.name}", "symlink in the place of a folder before it in the archive"

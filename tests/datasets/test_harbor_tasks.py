@@ -315,8 +315,11 @@ def test_a_hard_link_before_its_target_is_refused(tmp_path: Path, mode: str) -> 
     [
         ([_member("t/d", tarfile.DIRTYPE), _member("t/h", tarfile.LNKTYPE, link="t/d")], "t/h: hard link to a file"),
         ([_member("t/d", tarfile.DIRTYPE), _member("t/d", tarfile.SYMTYPE, link="x")], "t/d: symlink in the place"),
+        # Outside the archive: the extraction filter's own refusal, whether or not it exists.
+        ([_member("t/h", tarfile.LNKTYPE, link="../../nothing-here")], "t/h: link points outside the archive"),
+        ([_member("t/h", tarfile.LNKTYPE, link="/etc/hostname")], "t/h: link points outside the archive"),
     ],
-    ids=["hard-link-to-a-folder", "symlink-over-a-folder"],
+    ids=["hard-link-to-a-folder", "symlink-over-a-folder", "hard-link-outside", "hard-link-absolute"],
 )
 def test_links_tarfile_cannot_make_in_place_are_refused(tmp_path: Path, members, message: str) -> None:
     buf = io.BytesIO()
