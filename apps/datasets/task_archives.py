@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from apps.datasets.errors import TaskFormatError
 
@@ -192,7 +192,8 @@ class DataFilter:
         bits, no group/other write, a file without the owner's execute bit executable by
         no one and readable and writable by its owner, a folder's mode and every owner
         left to the extracting process."""
-        attrs: dict[str, object] = {"uid": None, "gid": None, "uname": None, "gname": None}
+        # None, as the library filter sets them (typeshed types these fields without it).
+        attrs: dict[str, Any] = {"uid": None, "gid": None, "uname": None, "gname": None}
         if member.isdir():
             attrs["mode"] = None
         elif member.mode is not None:
