@@ -10,13 +10,15 @@ Prints figures; asserts nothing; the last line is one JSON object: {"submissions
 "event_appends_per_s", "event_appends_batched_per_s", "cancel_10k_s", "push_10k_s"} (with
 the load average, and "event_appends_parallel_per_s" with its floor
 "bare_commits_parallel_per_s": --writers processes appending at once, one event per
-transaction, against as many processes committing bare INSERTs). The database named in DATABASE_URL is created if missing and its
-tables are migrated; rows are left behind for inspection.
+transaction, against as many processes committing bare INSERTs). The database named in
+DATABASE_URL is created if missing and its tables are migrated; rows are left behind for
+inspection.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -28,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -280,44 +283,47 @@ def writers_rate(*, kind: str, run_ids: list[str], n: int) -> float:
     """Writes per second of one process per run, started together (set-up not timed)."""
     import multiprocessing
 
-    from django.db import connection
-
-    if kind == "bare":
-        with connection.cursor() as cursor:
-            cursor.execute("CREATE TABLE IF NOT EXISTS bench_bare_commit (id bigserial PRIMARY KEY, v integer)")
     context = multiprocessing.get_context("spawn")
     barrier, out = context.Barrier(len(run_ids)), context.Queue()
     procs = [context.Process(target=_writer, args=(kind, run_id, n, barrier, out)) for run_id in run_ids]
-    try:
-        for proc in procs:
-            proc.start()
-        spans = [out.get(timeout=600) for _ in procs]
-    finally:
-        for proc in procs:
-            proc.join(timeout=60)
-        if kind == "bare":
-            with connection.cursor() as cursor:
-                cursor.execute("DROP TABLE IF EXISTS bench_bare_commit")
+    with bare_commit_table() if kind == "bare" else contextlib.nullcontext():
+        try:
+            for proc in procs:
+                proc.start()
+            spans = [out.get(timeout=600) for _ in procs]
+        finally:
+            for proc in procs:
+                proc.join(timeout=60)
     return n * len(run_ids) / (max(end for _, end in spans) - min(start for start, _ in spans))
 
 
 def bare_commits_per_s(*, n: int) -> float:
     """Transactions per second of one plain INSERT each, through the same connection and
     transaction handling as event_append: what the commit's WAL flush allows, side by side
-    with the appends. A regular table (a temporary one would skip the WAL); dropped after."""
+    with the appends."""
     from django.db import connection, transaction
 
-    with connection.cursor() as cursor:
-        cursor.execute("CREATE TABLE IF NOT EXISTS bench_bare_commit (id bigserial PRIMARY KEY, v integer)")
-    try:
+    with bare_commit_table():
         t0 = time.perf_counter()
         for i in range(n):
             with transaction.atomic(), connection.cursor() as cursor:
                 cursor.execute("INSERT INTO bench_bare_commit (v) VALUES (%s)", [i])
         return n / (time.perf_counter() - t0)
+
+
+@contextlib.contextmanager
+def bare_commit_table() -> Iterator[None]:
+    """The bare-INSERT floors' table, for the block: a regular one (a temporary table would
+    skip the WAL, whose flush is what the floors measure), dropped after."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE IF NOT EXISTS bench_bare_commit (id bigserial PRIMARY KEY, v integer)")
+    try:
+        yield
     finally:
         with connection.cursor() as cursor:
-            cursor.execute("DROP TABLE bench_bare_commit")
+            cursor.execute("DROP TABLE IF EXISTS bench_bare_commit")
 
 
 def push_bench(*, base: str, secret: str, tasks: int, stamp: str) -> float | None:
