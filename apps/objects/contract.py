@@ -23,6 +23,8 @@ from __future__ import annotations
 import base64
 import hashlib
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import IO, Literal
@@ -34,6 +36,9 @@ CHUNK_SIZE = 1024 * 1024
 MAX_OBJECT_SIZE = 5 * 1024**3
 # S3 user metadata naming the upload grant that created an object (see S3Store.upload_verify).
 GRANT_METADATA = "synth-grant"
+# Threads writing a batch of objects (ObjectStore.put_many): a write waits on the network
+# or on fsync, not on the interpreter.
+PUT_THREADS = 8
 
 PutResult = Literal["created", "present"]
 
@@ -125,6 +130,19 @@ class ObjectStore(ABC):
     @abstractmethod
     def put(self, *, sha256: str, size: int | None, body: bytes | IO[bytes], content_type: str) -> PutResult:
         """Store bytes create-only under sha256/<hex>, verified; ChecksumMismatch/ObjectCorrupt."""
+
+    def put_many(self, *, items: Sequence[tuple[str, bytes]], content_type: str) -> dict[str, PutResult]:
+        """``put`` of each (sha256, bytes) pair, by sha256: a batch the caller holds in
+        memory (a dataset's task archives, a trial's evidence). Written from a few threads;
+        the first failure is raised once every write has ended."""
+        with ThreadPoolExecutor(max_workers=PUT_THREADS) as pool:
+            results = list(
+                pool.map(
+                    lambda item: self.put(sha256=item[0], size=len(item[1]), body=item[1], content_type=content_type),
+                    items,
+                )
+            )
+        return {sha256: result for (sha256, _), result in zip(items, results, strict=True)}
 
     @abstractmethod
     def open(self, *, sha256: str) -> IO[bytes]:

@@ -5,10 +5,12 @@ Grants are URLs to our own endpoints (apps.objects.apis), signed with SECRET_KEY
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
@@ -36,6 +38,11 @@ from apps.objects.contract import (
 logger = logging.getLogger(__name__)
 
 _TOKEN_SALT = "synth.objects.{purpose}"
+# From this many new objects on, put_many makes a batch durable with two syncfs calls (the
+# bytes, then the names) instead of two fsyncs per object: thousands of fsyncs were most of
+# a dataset push's storing time. Below it, the object-by-object path is cheaper than
+# flushing the whole filesystem.
+SYNCFS_MIN_OBJECTS = 64
 
 
 def token_sign(*, purpose: str, payload: dict[str, Any], expires_at: datetime) -> str:
@@ -99,6 +106,58 @@ class FileSystemStore(ObjectStore):
         finally:
             tmp.unlink(missing_ok=True)
 
+    def put_many(self, *, items: Sequence[tuple[str, bytes]], content_type: str) -> dict[str, PutResult]:
+        """Every object's bytes are verified and written to a temporary file, all of them
+        made durable at once (syncfs), then linked into place, and the new names made
+        durable at once: the same create-only, verified-before-visible writes as ``put``,
+        and no linked name whose bytes a crash could lose. Objects already stored are
+        verified, not written again."""
+        if _syncfs is None or len(items) < SYNCFS_MIN_OBJECTS:
+            return super().put_many(items=items, content_type=content_type)
+        results: dict[str, PutResult] = {}
+        pending: list[tuple[str, int, str, Path]] = []  # sha256, size, temporary file, final path
+        made: set[Path] = set()
+        self._tmp.mkdir(parents=True, exist_ok=True)
+        try:
+            for sha256, data in items:
+                got_sha256, got_size = copy_hashing(data, None, limit=None)
+                digest_check(sha256=sha256, size=len(data), got_sha256=got_sha256, got_size=got_size)
+                if self._present(sha256=sha256, size=got_size):
+                    results[sha256] = "present"
+                    continue
+                final = self.path(sha256)
+                if final.parent not in made:
+                    final.parent.mkdir(parents=True, exist_ok=True)
+                    made.add(final.parent)
+                fd, tmp_name = tempfile.mkstemp(dir=self._tmp, prefix=f"{sha256[:16]}.")
+                pending.append((sha256, got_size, tmp_name, final))
+                with os.fdopen(fd, "wb") as out:
+                    out.write(data)
+                os.chmod(tmp_name, 0o444)
+            if not pending:
+                return results
+            _syncfs_path(self._tmp)  # every temporary file's bytes, before any is linked
+            for sha256, size, tmp_name, final in pending:
+                try:
+                    os.link(tmp_name, final)
+                    results[sha256] = "created"
+                except FileExistsError:  # a concurrent writer linked it first
+                    if not self._present(sha256=sha256, size=size):
+                        raise ObjectCorrupt(f"{object_key(sha256)} vanished while it was written") from None
+                    results[sha256] = "present"
+            _syncfs_path(self._tmp)  # the new names
+            return results
+        finally:
+            for _, _, tmp_name, _ in pending:
+                Path(tmp_name).unlink(missing_ok=True)
+
+    def _present(self, *, sha256: str, size: int) -> bool:
+        """Whether the object is stored (verified); ObjectCorrupt if other bytes are."""
+        ok = self.verify(sha256=sha256, size=size)
+        if ok is False:
+            raise ObjectCorrupt(f"{object_key(sha256)} exists with other bytes; it is not overwritten")
+        return ok is True
+
     def open(self, *, sha256: str) -> IO[bytes]:
         try:
             return self.path(sha256).open("rb")
@@ -161,6 +220,33 @@ class FileSystemStore(ObjectStore):
             headers={},
             expires_at=expires_at,
         )
+
+
+def _syncfs_load() -> Callable[[int], int] | None:
+    """libc's syncfs(2) (Linux): one call flushes a filesystem's dirty data and metadata and,
+    since Linux 5.8, reports a write-back error. Python's os module does not offer it."""
+    try:
+        function = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int]
+    function.restype = ctypes.c_int
+    return function
+
+
+_syncfs = _syncfs_load()
+
+
+def _syncfs_path(path: Path) -> None:
+    """syncfs of the filesystem holding ``path``; OSError if the kernel reports a failure."""
+    assert _syncfs is not None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if _syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), str(path))
+    finally:
+        os.close(fd)
 
 
 def _fsync_dir(path: Path) -> None:

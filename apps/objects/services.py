@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO
 
@@ -32,7 +31,6 @@ from apps.objects.store import grant_expiry, store_get
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
-PUT_THREADS = 8
 
 
 @dataclass(frozen=True)
@@ -80,19 +78,12 @@ def objects_put_many(
     *, org: Organization, blobs: list[bytes], content_type: str = DEFAULT_CONTENT_TYPE
 ) -> dict[str, StoredObject]:
     """``object_put`` for many blobs (a dataset's task archives): the org's references by
-    sha256. The bytes are written by a few threads (a store write waits on fsync or the
-    network, not the interpreter); the references take a few statements, not a few per blob."""
+    sha256. The store writes the batch as it writes best (ObjectStore.put_many); the
+    references take a few statements, not a few per blob."""
     by_sha = {hashlib.sha256(data).hexdigest(): data for data in blobs}
     for sha256, data in by_sha.items():
         _validate(sha256=sha256, size=len(data), content_type=content_type)
-    store = store_get()
-    with ThreadPoolExecutor(max_workers=PUT_THREADS) as pool:
-        list(
-            pool.map(
-                lambda item: store.put(sha256=item[0], size=len(item[1]), body=item[1], content_type=content_type),
-                by_sha.items(),
-            )
-        )
+    store_get().put_many(items=list(by_sha.items()), content_type=content_type)
     found: dict[str, StoredObject] = {}
     shas = list(by_sha)
     for start in range(0, len(shas), 1000):

@@ -243,3 +243,78 @@ def test_an_empty_object_round_trips(fs_store, alice):
     assert r.status_code == 201, r.content
     obj = object_commit(org=alice.org, grant=issued.grant)
     assert obj.size == 0 and object_read(obj=obj) == b""
+
+
+def test_a_large_batch_is_written_bytes_first_then_names_each_made_durable_at_once(fs_store, alice, monkeypatch):
+    """put_many of SYNCFS_MIN_OBJECTS or more: every object verified and created, the
+    batch's bytes flushed before any name is linked and the names flushed after, objects
+    already stored verified rather than rewritten, and nothing left in the scratch folder."""
+    from apps.objects import filesystem
+    from apps.objects.services import objects_put_many
+
+    blobs = [f"archive {i}".encode() * 10 for i in range(filesystem.SYNCFS_MIN_OBJECTS + 6)]
+    stored_before = object_put(org=alice.org, data=blobs[0])
+    inode = (fs_store.root / stored_before.key).stat().st_ino
+    seen: list[tuple[list[bytes], list[bool]]] = []
+    real_syncfs = filesystem._syncfs_path
+
+    def watched(path):
+        scratch = fs_store.root / "tmp"
+        seen.append(
+            (
+                sorted(p.read_bytes() for p in scratch.iterdir()),
+                [(fs_store.root / object_key(sha(b))).exists() for b in blobs[1:]],
+            )
+        )
+        real_syncfs(path)
+
+    monkeypatch.setattr(filesystem, "_syncfs_path", watched)
+    results = fs_store.put_many(items=[(sha(b), b) for b in blobs], content_type="application/x-tar")
+    assert results[sha(blobs[0])] == "present"
+    assert {results[sha(b)] for b in blobs[1:]} == {"created"}
+    assert len(seen) == 2
+    assert seen[0] == (sorted(blobs[1:]), [False] * (len(blobs) - 1))  # all bytes written, none linked
+    assert seen[1][1] == [True] * (len(blobs) - 1)  # every name linked before the second flush
+    assert (fs_store.root / stored_before.key).stat().st_ino == inode
+    for b in blobs:
+        assert (fs_store.root / object_key(sha(b))).read_bytes() == b
+    assert leftovers(fs_store) == []
+
+    # Through the service: the org's references, and a second batch is all "present".
+    refs = objects_put_many(org=alice.org, blobs=blobs)
+    assert sorted(refs) == sorted(sha(b) for b in blobs) and refs[sha(blobs[0])].id == stored_before.id
+    assert set(fs_store.put_many(items=[(sha(b), b) for b in blobs], content_type="x").values()) == {"present"}
+    assert len(seen) == 2  # nothing new to flush
+
+
+def test_a_large_batch_refuses_bad_bytes_and_corrupt_objects_and_links_nothing(fs_store):
+    from apps.objects import filesystem
+
+    blobs = [f"task {i}".encode() for i in range(filesystem.SYNCFS_MIN_OBJECTS)]
+    items = [(sha(b), b) for b in blobs]
+    with pytest.raises(ChecksumMismatch):
+        fs_store.put_many(items=[*items, (sha(b"declared"), b"actually")], content_type="x")
+    assert not any((fs_store.root / object_key(d)).exists() for d, _ in items)
+    assert leftovers(fs_store) == []
+
+    corrupt = fs_store.root / object_key(items[-1][0])
+    corrupt.parent.mkdir(parents=True, exist_ok=True)
+    corrupt.write_bytes(b"evil")  # written behind the store's back
+    with pytest.raises(ObjectCorrupt):
+        fs_store.put_many(items=items, content_type="x")
+    assert corrupt.read_bytes() == b"evil"
+    assert not any((fs_store.root / object_key(d)).exists() for d, _ in items[:-1])
+    assert leftovers(fs_store) == []
+
+
+def test_a_small_batch_is_put_object_by_object(fs_store, monkeypatch):
+    from apps.objects import filesystem
+
+    def refuse(path):
+        raise AssertionError("a small batch does not flush the whole filesystem")
+
+    monkeypatch.setattr(filesystem, "_syncfs_path", refuse)
+    blobs = [b"one", b"two", b"three"]
+    assert fs_store.put_many(items=[(sha(b), b) for b in blobs], content_type="x") == {sha(b): "created" for b in blobs}
+    assert fs_store.put_many(items=[(sha(b"one"), b"one")], content_type="x") == {sha(b"one"): "present"}
+    assert leftovers(fs_store) == []

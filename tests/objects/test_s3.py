@@ -227,3 +227,18 @@ def test_an_empty_object_round_trips(s3_store, alice):
     assert httpx.put(issued.request.url, content=b"", headers=issued.request.headers).status_code == 200
     obj = object_commit(org=alice.org, grant=issued.grant)
     assert obj.size == 0 and object_read(obj=obj) == b""
+
+
+def test_a_batch_is_put_create_only_and_verified(s3_store, alice):
+    store = store_get()
+    blobs = [f"archive {i}".encode() for i in range(5)]
+    assert store.put_many(items=[(sha(b), b) for b in blobs], content_type="application/x-tar") == {
+        sha(b): "created" for b in blobs
+    }
+    assert store.put_many(items=[(sha(b), b) for b in blobs[:2]], content_type="application/x-tar") == {
+        sha(b): "present" for b in blobs[:2]
+    }
+    with pytest.raises(ChecksumMismatch):
+        store.put_many(items=[(sha(b"declared"), b"actually")], content_type="x")
+    assert all(head(s3_store, s3_store.key(sha(b))) is not None for b in blobs)
+    assert head(s3_store, s3_store.key(sha(b"declared"))) is None
