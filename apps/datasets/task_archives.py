@@ -33,6 +33,10 @@ DEFAULT_MAX_TASK_BYTES = 256 * 1024 * 1024
 # per task it carries, up to the archive-wide ceiling.
 DEFAULT_MAX_TASK_ENTRIES = 10_000
 DEFAULT_MAX_ARCHIVE_MEMBERS = 2_000_000
+# A gzip upload whose tar is at most this large is inflated in memory before it is read
+# (see _inflated); a larger one is read as it inflates. 10,000 tasks of the examples' shape
+# are a 130 MB tar (their headers, a 512-byte block or two per file, are most of it).
+DEFAULT_MAX_INFLATED_BYTES = 256 * 1024 * 1024
 
 ARCHIVE_CONTENT_TYPE = "application/x-tar"
 
@@ -191,25 +195,62 @@ class DataFilter:
         """tarfile.data_filter's attributes for a regular file or a folder: no high mode
         bits, no group/other write, a file without the owner's execute bit executable by
         no one and readable and writable by its owner, a folder's mode and every owner
-        left to the extracting process."""
+        left to the extracting process.
+
+        Set on the member itself, not on a copy as the library filter makes (a copy per
+        member was a tenth of an extraction): the member is the extraction's own, read
+        from the archive for this one use, and its filtered attributes are what any later
+        use of it (a hard link's target copied) should get anyway."""
         # None, as the library filter sets them (typeshed types these fields without it).
-        attrs: dict[str, Any] = {"uid": None, "gid": None, "uname": None, "gname": None}
+        owner: Any = None
+        member.uid = member.gid = member.uname = member.gname = owner
         if member.isdir():
-            attrs["mode"] = None
+            member.mode = owner
         elif member.mode is not None:
             mode = member.mode & 0o755
             if not mode & 0o100:
                 mode &= ~0o111
-            attrs["mode"] = mode | 0o600
-        return member.replace(**attrs, deep=False)
+            member.mode = mode | 0o600
+        return member
+
+
+def _inflated(fileobj: IO[bytes], *, limit: int) -> io.BytesIO | None:
+    """The tar inside a seekable gzip upload, inflated in memory, when it is one whole gzip
+    member of at most ``limit`` bytes; else None, with ``fileobj`` back where it was.
+
+    The tar is then read from memory, whose reads, seeks and tells are C: through
+    GzipFile, tarfile's read, seek and tell per member are Python calls, and they were a
+    fifth of an extraction. Whatever is not plainly well-formed (a truncated or corrupt
+    stream, several gzip members, bytes after the member, a tar over ``limit``, as a
+    small gzip of a huge tar is) is left to GzipFile, which answers as it always has: its
+    limits then stop it at the first member that crosses one."""
+    start = fileobj.tell()
+    out = io.BytesIO()
+    inflater = zlib.decompressobj(wbits=31)  # 31: a gzip header and trailer (CRC-32, size)
+    try:
+        while not inflater.eof and out.tell() <= limit:
+            block = fileobj.read(1 << 20)
+            if not block:
+                break
+            # At most one byte over the limit, whatever the block inflates to.
+            out.write(inflater.decompress(block, limit + 1 - out.tell()))
+        whole = inflater.eof and not inflater.unused_data and out.tell() <= limit and not fileobj.read(1)
+    except zlib.error:
+        whole = False
+    if not whole:
+        fileobj.seek(start)
+        return None
+    out.seek(0)
+    return out
 
 
 @contextmanager
-def _tar_opened(fileobj: IO[bytes]) -> Iterator[tarfile.TarFile]:
-    """The upload as a tar read front to back. A gzip (what the CLI sends) is read through
-    GzipFile, whose buffered reads are C, by tarfile's seekable reader, which only ever
-    seeks forward here: the stream reader's small Python-level reads were a fifth of an
-    extraction's time. Anything else (plain, bz2, xz tars) goes to the stream reader."""
+def _tar_opened(fileobj: IO[bytes], *, inflate_limit: int) -> Iterator[tarfile.TarFile]:
+    """The upload as a tar read front to back. A gzip (what the CLI sends) is inflated in
+    memory when it can be (``_inflated``), else read through GzipFile, whose buffered
+    reads are C, by tarfile's seekable reader, which only ever seeks forward here: the
+    stream reader's small Python-level reads were a fifth of an extraction's time.
+    Anything else (plain, bz2, xz tars) goes to the stream reader."""
     magic = b""
     if fileobj.seekable():
         start = fileobj.tell()
@@ -217,6 +258,11 @@ def _tar_opened(fileobj: IO[bytes]) -> Iterator[tarfile.TarFile]:
         fileobj.seek(start)
     if magic != b"\x1f\x8b":
         with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
+            yield tar
+        return
+    inflated = _inflated(fileobj, limit=inflate_limit)
+    if inflated is not None:
+        with tarfile.open(fileobj=inflated, mode="r:") as tar:
             yield tar
         return
     with gzip.GzipFile(fileobj=fileobj, mode="rb") as unzipped, tarfile.open(fileobj=unzipped, mode="r:") as tar:
@@ -231,16 +277,18 @@ def archive_extract(
     max_total_bytes: int = DEFAULT_MAX_TASK_BYTES,
     max_task_entries: int = DEFAULT_MAX_TASK_ENTRIES,
     max_members: int = DEFAULT_MAX_ARCHIVE_MEMBERS,
+    max_inflated_bytes: int = DEFAULT_MAX_INFLATED_BYTES,
     where: str = "archive",
 ) -> Path:
     """Safely unpack an uploaded tar / tar.gz into `dest` and return the dataset root.
 
-    One streaming pass: each member's header is checked before its bytes are written, so
-    a small gzip that would expand enormously stops at the first limit it crosses (the
-    caller's temporary folder then goes with what was written). The entry limit is per
-    task: the archive may hold ``max_task_entries`` entries for every task.toml seen so
-    far plus one task's worth (a task's files sort before its task.toml), so a dataset of
-    many small tasks fits, and ``max_members`` is the ceiling whatever it holds. Python's
+    One pass: each member's header is checked before its bytes are written, so a small
+    gzip that would expand enormously stops at the first limit it crosses (the caller's
+    temporary folder then goes with what was written); a gzip is inflated in memory first
+    only up to ``max_inflated_bytes``, and read as it inflates past that. The entry limit
+    is per task: the archive may hold ``max_task_entries`` entries for every task.toml seen
+    so far plus one task's worth (a task's files sort before its task.toml), so a dataset
+    of many small tasks fits, and ``max_members`` is the ceiling whatever it holds. Python's
     "data" extraction filter (DataFilter: the same answers, cheaper) refuses absolute
     paths, `..`, links leaving `dest` and device files; a hard link must follow its target.
     A single top-level folder is descended into, since `tar czf x.tgz mytasks/` is
@@ -248,7 +296,7 @@ def archive_extract(
     """
     data_filter = DataFilter()
     try:
-        with _tar_opened(fileobj) as tar:
+        with _tar_opened(fileobj, inflate_limit=max_inflated_bytes) as tar:
             count = tasks = total = 0
             for member in tar:
                 _member_names_check(member, where=where)

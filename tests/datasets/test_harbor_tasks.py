@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import tarfile
@@ -289,6 +290,50 @@ def test_archive_extract_refuses_a_damaged_gzip(tmp_path: Path, damage, message:
     with pytest.raises(TaskFormatError) as info:
         task_archives.archive_extract(io.BytesIO(damage(whole)), tmp_path / "damaged")
     assert str(info.value).startswith(message), str(info.value)
+
+
+def _tree(root: Path) -> list[tuple[str, int, bytes]]:
+    return [
+        (str(p.relative_to(root)), p.lstat().st_mode, p.read_bytes() if p.is_file() else b"")
+        for p in sorted(root.rglob("*"))
+    ]
+
+
+def test_a_whole_gzip_is_inflated_in_memory_and_anything_else_is_left_to_gzipfile() -> None:
+    """_inflated takes one complete gzip member whose tar fits its limit; for anything else
+    it answers None with the upload back where it was, so GzipFile reads it as before."""
+    whole = _tasks_tar(3, 2).getvalue()
+    tar = gzip.decompress(whole)
+
+    def inflated(data: bytes, *, limit: int = 1 << 20) -> tuple[bytes | None, int]:
+        upload = io.BytesIO(b"ab" + data)
+        upload.seek(2)
+        out = task_archives._inflated(upload, limit=limit)
+        return (None if out is None else out.getvalue()), upload.tell()
+
+    assert inflated(whole) == (tar, 2 + len(whole))
+    assert inflated(whole, limit=len(tar)) == (tar, 2 + len(whole))
+    for name, data, limit in [
+        ("two gzip members", whole + gzip.compress(b"more"), 1 << 20),
+        ("bytes after the member", whole + b"\0\0", 1 << 20),
+        ("truncated", whole[: len(whole) // 2], 1 << 20),
+        ("corrupt deflate", whole[:10] + bytes(b ^ 0x5A for b in whole[10:]), 1 << 20),
+        ("bad checksum", whole[:-8] + bytes(b ^ 0xFF for b in whole[-8:-4]) + whole[-4:], 1 << 20),
+        ("a tar over the limit", whole, len(tar) - 1),
+    ]:
+        assert inflated(data, limit=limit) == (None, 2), name
+
+
+def test_an_archive_extracts_the_same_inflated_in_memory_or_read_as_it_inflates(tmp_path: Path) -> None:
+    upload = _tasks_tar(4, 3).getvalue()
+    in_memory = task_archives.archive_extract(io.BytesIO(upload), tmp_path / "memory")
+    streamed = task_archives.archive_extract(io.BytesIO(upload), tmp_path / "streamed", max_inflated_bytes=1)
+    # Two gzip members (as `cat a.gz b.gz` makes) are read by GzipFile: the same tree again.
+    tar = gzip.decompress(upload)
+    two = gzip.compress(tar[:5000]) + gzip.compress(tar[5000:])
+    members = task_archives.archive_extract(io.BytesIO(two), tmp_path / "members")
+    assert _tree(in_memory) == _tree(streamed) == _tree(members)
+    assert len(_tree(in_memory)) == 4 * 5  # four folders of three files and a task.toml
 
 
 @pytest.mark.parametrize("mode", ["w:gz", "w"])
