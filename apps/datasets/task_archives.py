@@ -140,27 +140,75 @@ def task_entries_collect(
     return entries
 
 
+_BLOCK = tarfile.BLOCKSIZE
+_RECORD = tarfile.RECORDSIZE
+_KINDS = {"dir": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE, "file": tarfile.REGTYPE}
+_USTAR_SIZE_LIMIT = 8**11  # a size field's 11 octal digits
+
+
 def canonical_tar(entries: Iterable[ArchiveEntry]) -> bytes:
-    """The deterministic tar of `entries` (already sorted): same content -> same bytes."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for entry in entries:
-            info = tarfile.TarInfo(entry.path)
-            info.mtime = 0
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            info.mode = entry.mode
-            if entry.kind == "dir":
-                info.type = tarfile.DIRTYPE
-                tar.addfile(info)
-            elif entry.kind == "symlink":
-                info.type = tarfile.SYMTYPE
-                info.linkname = entry.link
-                tar.addfile(info)
-            else:
-                info.size = len(entry.data)
-                tar.addfile(info, io.BytesIO(entry.data))
-    return buf.getvalue()
+    """The deterministic tar of `entries` (already sorted): same content -> same bytes.
+
+    The bytes are those of tarfile writing the entries in PAX format (mtime 0, owner 0 and
+    unnamed, the entry's mode), which is what every stored task's digest was taken over.
+    An entry whose name and link are ASCII and fit their ustar fields, as nearly all do,
+    gets the plain ustar header tarfile writes for it, built here (tarfile's header code
+    was a quarter of a task's parse); any other gets tarfile's own header (a PAX extended
+    header, then ustar)."""
+    parts: list[bytes] = []
+    size = 0
+    for entry in entries:
+        kind = _KINDS[entry.kind]
+        data = entry.data if kind == tarfile.REGTYPE else b""
+        header = _ustar_header(entry, kind=kind, size=len(data)) or _tarfile_header(entry, kind=kind, size=len(data))
+        parts.append(header)
+        size += len(header)
+        if data:
+            parts.append(data)
+            padding = -len(data) % _BLOCK
+            parts.append(bytes(padding))
+            size += len(data) + padding
+    # The end: two zero blocks, then zeros to a whole record, as TarFile.close writes.
+    size += 2 * _BLOCK
+    parts.append(bytes(2 * _BLOCK + (-size % _RECORD)))
+    return b"".join(parts)
+
+
+def _ustar_header(entry: ArchiveEntry, *, kind: bytes, size: int) -> bytes | None:
+    """tarfile's header for the entry (TarInfo.create_pax_header with nothing for a PAX
+    header, then _create_header in ustar format), or None when it would need a PAX header."""
+    name = entry.path + "/" if kind == tarfile.DIRTYPE else entry.path
+    if not (name.isascii() and entry.link.isascii() and len(name) <= 100 and len(entry.link) <= 100):
+        return None
+    if size >= _USTAR_SIZE_LIMIT:
+        return None
+    buf = b"".join(
+        (
+            name.encode("ascii").ljust(100, b"\0"),
+            b"%07o\0" % (entry.mode & 0o7777),
+            b"0000000\0" * 2,  # uid, gid
+            b"%011o\0" % size,
+            b"00000000000\0",  # mtime
+            b"        ",  # the checksum field counts as spaces while the sum is taken
+            kind,
+            entry.link.encode("ascii").ljust(100, b"\0"),
+            tarfile.POSIX_MAGIC,
+        )
+    ).ljust(_BLOCK, b"\0")  # no owner names, device numbers or name prefix
+    return buf[:148] + b"%06o\0" % sum(buf) + buf[155:]
+
+
+def _tarfile_header(entry: ArchiveEntry, *, kind: bytes, size: int) -> bytes:
+    """The entry's header as TarFile.addfile writes it in PAX format."""
+    info = tarfile.TarInfo(entry.path)
+    info.mtime = 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.mode = entry.mode
+    info.type = kind
+    info.linkname = entry.link
+    info.size = size
+    return info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
 
 
 class DataFilter:

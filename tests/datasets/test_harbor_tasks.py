@@ -76,6 +76,68 @@ def test_digest_follows_content_and_executable_bit(tmp_path: Path) -> None:
     assert task_dir_parse(task).digest != base
 
 
+def _tarfile_canonical_tar(entries: list[task_archives.ArchiveEntry]) -> bytes:
+    """The canonical archive as TarFile writes it: what every stored digest was taken over."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for entry in entries:
+            info = tarfile.TarInfo(entry.path)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            info.mode = entry.mode
+            if entry.kind == "dir":
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif entry.kind == "symlink":
+                info.type, info.linkname = tarfile.SYMTYPE, entry.link
+                tar.addfile(info)
+            else:
+                info.size = len(entry.data)
+                tar.addfile(info, io.BytesIO(entry.data))
+    return buf.getvalue()
+
+
+# Digests of the example tasks as TarFile wrote their archives (stored datasets hold them).
+EXAMPLE_DIGESTS = {
+    "count-primes-memory": "d6c43d4d696a889d01b7b7a7d0efe42f28261d7487c763d17e22ce2336847e87",
+    "fix-failing-test": "b16dd1878223dfb2259eab46db7b0cf4021419f76a20ac632bd57423464a17d2",
+    "implement-roman": "00832fd7df3b28d8c3534625576e902a98ada412020ffea354ed6b8a15cf6cbf",
+    "offline-checksums": "12ae611ea091a3f292bebf3a1fd913508c0cca0446eb9a6e9ef9abda11820b8b",
+    "slugify-graded": "f4f4a3513dd85ab65d86a4bee97e20cddaad2764c7d1a95bb33c961b63a1e2f5",
+    "word-frequencies": "ba47df669b26092fb117038fbbf07aebed39f2f5214b303a7d31b64cdbcdbc88",
+}
+
+
+def test_canonical_archives_are_the_bytes_tarfile_writes() -> None:
+    """canonical_tar builds ustar headers itself: every entry, plain or needing a PAX
+    header (a long or non-ASCII name or link), gives the bytes TarFile gives."""
+    assert {slug: task_dir_parse(EXAMPLE_TASKS / slug).digest for slug in EXAMPLE_SLUGS} == EXAMPLE_DIGESTS
+    for slug in EXAMPLE_SLUGS:
+        entries = task_archives.task_entries_collect(EXAMPLE_TASKS / slug, label=slug)
+        assert task_archives.canonical_tar(entries) == _tarfile_canonical_tar(entries)
+    entry = task_archives.ArchiveEntry
+    long = "d/" + "n" * 98  # 100 characters: the longest name a ustar field holds
+    sized = [
+        [entry(path="a", kind="file", mode=0o755, data=b"x" * size), entry(path="b", kind="dir", mode=0o755)]
+        for size in (1, 511, 512, 513, 10240, 10241)
+    ]
+    cases = sized + [
+        [],
+        [entry(path="a", kind="file", mode=0o644, data=b"")],
+        [entry(path=long, kind="file", mode=0o644, data=b"at the limit")],
+        [entry(path=long + "x", kind="file", mode=0o644, data=b"over it")],
+        [entry(path="d/" + "n" * 97, kind="dir", mode=0o755)],  # 99, and its "/" makes 100
+        [entry(path="d/" + "n" * 98, kind="dir", mode=0o755)],  # its "/" makes 101
+        [entry(path="caf\u00e9.txt", kind="file", mode=0o644, data=b"non-ASCII name")],
+        [entry(path="odd\udce9.txt", kind="file", mode=0o644, data=b"undecodable name")],
+        [entry(path="l", kind="symlink", mode=0o777, link="t/" + "x" * 98)],
+        [entry(path="l", kind="symlink", mode=0o777, link="t/" + "x" * 99)],
+        [entry(path="l", kind="symlink", mode=0o777, link="\u00e9t\u00e9")],
+        [entry(path=f"f{i:03d}", kind="file", mode=0o644, data=bytes([i]) * i) for i in range(40)],
+    ]
+    for entries in cases:
+        assert task_archives.canonical_tar(entries) == _tarfile_canonical_tar(entries), entries[:1]
+
+
 def test_caches_are_left_out_of_the_archive(tmp_path: Path) -> None:
     task = write_task(tmp_path, "hello")
     base = task_dir_parse(task).digest
