@@ -24,6 +24,7 @@ from django.db import IntegrityError, transaction
 from rest_framework import status
 
 from apps.accounts.models import Organization
+from apps.core.bulk import rows_copy
 from apps.core.errors import Conflict, NotFound, ServiceError, ValidationFailed
 from apps.datasets import harbor_tasks, task_archives
 from apps.datasets.errors import TaskFormatError
@@ -151,8 +152,8 @@ def _task_versions_store(*, org: Organization, tasks: list[ParsedTask]) -> dict[
         batch = new[start : start + STORE_CHUNK]
         # ignore_conflicts: a concurrent import of the same content may have won; its row
         # is read back like ours.
-        TaskVersion.objects.bulk_create(
-            [
+        rows_copy(
+            objs=[
                 TaskVersion(org=org, digest=p.digest, archive=archives[p.digest], **_task_version_fields(p))
                 for p in batch
             ],
@@ -218,8 +219,8 @@ def _dataset_version_store(
         except IntegrityError:
             # A concurrent import of the same name@version committed first.
             return existing_or_conflict(DatasetVersion.objects.get(dataset=dataset, version=version))
-        DatasetVersionTask.objects.bulk_create(
-            [
+        rows_copy(
+            objs=[
                 DatasetVersionTask(
                     dataset_version=dataset_version, position=position, task_version_id=by_digest[parsed.digest]
                 )

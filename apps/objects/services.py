@@ -22,6 +22,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.accounts.models import Organization
+from apps.core.bulk import rows_copy
 from apps.core.errors import Forbidden, NotFound, ValidationFailed
 from apps.objects.contract import MAX_OBJECT_SIZE, ObjectCorrupt, PresignedRequest, PutResult
 from apps.objects.filesystem import FileSystemStore, token_load
@@ -93,8 +94,8 @@ def objects_put_many(
         if missing:
             # ignore_conflicts: a concurrent put of the same bytes by this org may have won;
             # its row is read back like ours.
-            StoredObject.objects.bulk_create(
-                [
+            rows_copy(
+                objs=[
                     StoredObject(org=org, sha256=sha, size=len(by_sha[sha]), content_type=content_type)
                     for sha in missing
                 ],

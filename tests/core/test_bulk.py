@@ -1,0 +1,94 @@
+"""rows_copy on the real server: the rows COPY writes are the rows bulk_create writes."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.forms.models import model_to_dict
+
+from apps.accounts.services import org_get_or_create
+from apps.core.bulk import rows_copy
+from apps.datasets.models import Dataset, DatasetVersion, DatasetVersionTask, TaskVersion
+from apps.objects.services import object_put
+
+pytestmark = pytest.mark.django_db
+
+
+def _task_versions(*, org, tag: str, count: int) -> list[TaskVersion]:
+    """Unsaved task versions whose fields hold every kind of value a push writes."""
+    rows = []
+    for i in range(count):
+        archive = object_put(org=org, data=f"{tag}-{i}".encode())
+        rows.append(
+            TaskVersion(
+                org=org,
+                name=f"{tag}/task-{i}",
+                digest=archive.sha256,
+                archive=archive,
+                config={"task": {"name": f"t{i}"}, "nested": [1, 2.5, None, True, 'caf\u00e9 \\ \t \n "q"']},
+                instruction="tab\there, newline\nthere, backslash \\ and \\N, caf\u00e9",
+                agent_timeout_sec=None if i % 2 else 12.5,
+                verifier_timeout_sec=60.0 + i,
+                cpus=0.5,
+                memory_mb=512 + i,
+                docker_image="" if i % 2 else "python:3.12-slim",
+                has_dockerfile=bool(i % 2),
+                has_solution=not i % 2,
+                local_support=None if i % 3 else {"supported": True, "problems": [], "warnings": ["w"]},
+            )
+        )
+    return rows
+
+
+def _stored(pks: list[str]) -> list[dict]:
+    return [
+        {k: v for k, v in model_to_dict(tv).items() if k != "id"} | {"created": tv.created_at is not None}
+        for tv in TaskVersion.objects.filter(pk__in=pks).order_by("name")
+    ]
+
+
+def test_copied_rows_are_the_rows_bulk_create_writes() -> None:
+    assert connection.vendor == "postgresql"
+    org = org_get_or_create(slug="bulk-copy")
+    copied = _task_versions(org=org, tag="copy", count=7)
+    created = _task_versions(org=org_get_or_create(slug="bulk-create"), tag="copy", count=7)
+    rows_copy(objs=copied)
+    TaskVersion.objects.bulk_create(created)
+    mine = _stored([tv.pk for tv in copied])
+    theirs = _stored([tv.pk for tv in created])
+    assert len(mine) == 7
+    for row in theirs:
+        row["org"] = org.pk
+        row["archive"] = next(r["archive"] for r in mine if r["name"] == row["name"])
+    assert mine == theirs
+    assert all(not tv._state.adding for tv in copied)
+
+
+def test_a_conflict_is_skipped_only_when_asked_and_the_transaction_goes_on() -> None:
+    org = org_get_or_create(slug="bulk-conflict")
+    first = _task_versions(org=org, tag="c", count=3)
+    rows_copy(objs=first[1:2])
+    again = _task_versions(org=org, tag="c", count=3)  # the same digests: one is stored already
+    with transaction.atomic():
+        with pytest.raises(IntegrityError):
+            rows_copy(objs=again)
+        assert TaskVersion.objects.filter(org=org).count() == 1  # nothing of the failed COPY
+        rows_copy(objs=again, ignore_conflicts=True)
+    stored = dict(TaskVersion.objects.filter(org=org).values_list("digest", "pk"))
+    assert sorted(stored) == sorted(tv.digest for tv in again)
+    assert stored[first[1].digest] == first[1].pk  # the row stored first stays
+
+
+def test_a_database_generated_key_is_left_to_its_sequence() -> None:
+    org = org_get_or_create(slug="bulk-auto")
+    tvs = _task_versions(org=org, tag="a", count=3)
+    rows_copy(objs=tvs)
+    dataset = Dataset.objects.create(org=org, name="d")
+    version = DatasetVersion.objects.create(dataset=dataset, version="1", digest="0" * 64, task_count=3)
+    rows_copy(
+        objs=[DatasetVersionTask(dataset_version=version, position=i, task_version=tv) for i, tv in enumerate(tvs)]
+    )
+    DatasetVersionTask.objects.create(dataset_version=version, position=3, task_version=tvs[0])
+    entries = list(version.entries.values_list("id", "position", "task_version_id"))
+    assert [(p, t) for _, p, t in entries] == [(0, tvs[0].pk), (1, tvs[1].pk), (2, tvs[2].pk), (3, tvs[0].pk)]
+    assert len({i for i, _, _ in entries}) == 4 and all(i is not None for i, _, _ in entries)
