@@ -5,9 +5,11 @@ Grants are URLs to our own endpoints (apps.objects.apis), signed with SECRET_KEY
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
+import secrets
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -111,29 +113,40 @@ class FileSystemStore(ObjectStore):
         made durable at once (syncfs), then linked into place, and the new names made
         durable at once: the same create-only, verified-before-visible writes as ``put``,
         and no linked name whose bytes a crash could lose. Objects already stored are
-        verified, not written again."""
+        verified, not written again.
+
+        Paths are plain strings and each temporary file is made read-only as it is created:
+        pathlib's objects and tempfile's names were a third of a 10,000-object batch."""
         if _syncfs is None or len(items) < SYNCFS_MIN_OBJECTS:
             return super().put_many(items=items, content_type=content_type)
         results: dict[str, PutResult] = {}
-        pending: list[tuple[str, int, str, Path]] = []  # sha256, size, temporary file, final path
-        made: set[Path] = set()
+        pending: list[tuple[str, int, str, str]] = []  # sha256, size, temporary file, final path
+        made: set[str] = set()
         self._tmp.mkdir(parents=True, exist_ok=True)
+        tmp_dir, root = str(self._tmp), str(self.root)
         try:
             for sha256, data in items:
                 got_sha256, got_size = copy_hashing(data, None, limit=None)
                 digest_check(sha256=sha256, size=len(data), got_sha256=got_sha256, got_size=got_size)
-                if self._present(sha256=sha256, size=got_size):
+                final = os.path.join(root, object_key(sha256))
+                if os.path.lexists(final) and self._present(sha256=sha256, size=got_size):
                     results[sha256] = "present"
                     continue
-                final = self.path(sha256)
-                if final.parent not in made:
-                    final.parent.mkdir(parents=True, exist_ok=True)
-                    made.add(final.parent)
-                fd, tmp_name = tempfile.mkstemp(dir=self._tmp, prefix=f"{sha256[:16]}.")
+                parent = os.path.dirname(final)
+                if parent not in made:
+                    os.makedirs(parent, exist_ok=True)
+                    made.add(parent)
+                # Create-only (O_EXCL) under a random name, read-only from the start: the
+                # inode is shared with the final name by the link.
+                tmp_name = os.path.join(tmp_dir, f"{sha256[:16]}.{secrets.token_hex(8)}")
+                fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
                 pending.append((sha256, got_size, tmp_name, final))
-                with os.fdopen(fd, "wb") as out:
-                    out.write(data)
-                os.chmod(tmp_name, 0o444)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                finally:
+                    os.close(fd)
             if not pending:
                 return results
             _syncfs_path(self._tmp)  # every temporary file's bytes, before any is linked
@@ -149,7 +162,8 @@ class FileSystemStore(ObjectStore):
             return results
         finally:
             for _, _, tmp_name, _ in pending:
-                Path(tmp_name).unlink(missing_ok=True)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp_name)
 
     def _present(self, *, sha256: str, size: int) -> bool:
         """Whether the object is stored (verified); ObjectCorrupt if other bytes are."""
