@@ -399,6 +399,22 @@ def test_an_archive_extracts_the_same_inflated_in_memory_or_read_as_it_inflates(
 
 
 @pytest.mark.parametrize("mode", ["w:gz", "w"])
+def test_unpacked_files_keep_their_modes_and_belong_to_the_extracting_process(tmp_path: Path, mode: str) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode=mode) as tar:
+        for name, file_mode in (("t/run.sh", 0o775), ("t/data.txt", 0o664)):
+            info = _member(name, mode=file_mode)
+            info.uid = info.gid = 4321
+            info.uname = info.gname = "someone"
+            tar.addfile(info, io.BytesIO(b"abc"))
+    buf.seek(0)
+    root = task_archives.archive_extract(buf, tmp_path / "out")
+    for name, want in (("run.sh", 0o755), ("data.txt", 0o644)):
+        st = (root / name).stat()  # the archive's one folder is its root
+        assert (st.st_mode & 0o7777, st.st_uid, st.st_gid) == (want, os.geteuid(), os.getegid()), name
+
+
+@pytest.mark.parametrize("mode", ["w:gz", "w"])
 def test_a_hard_link_before_its_target_is_refused(tmp_path: Path, mode: str) -> None:
     """tarfile would read the rest of the archive, past the entry limits, to find it."""
     buf = io.BytesIO()
