@@ -8,7 +8,8 @@ shape, packed and uploaded as `synth dataset push` does).
 
 Prints figures; asserts nothing; the last line is one JSON object: {"submissions_per_s",
 "event_appends_per_s", "event_appends_batched_per_s", "cancel_10k_s", "push_10k_s"} (with
-the load average, and "event_appends_parallel_per_s" with its floor
+the load average; "submission_floor_per_s", the same server and clients answering GET
+/healthz, the cheapest request there is; "event_appends_parallel_per_s" with its floor
 "bare_commits_parallel_per_s": --writers processes appending at once, one event per
 transaction, against as many processes committing bare INSERTs). The database named in
 DATABASE_URL is created if missing and its tables are migrated; rows are left behind for
@@ -188,6 +189,24 @@ def main() -> None:
             f"run submissions (HTTP, {args.clients} clients, gunicorn 2x8): "
             f"{args.submissions / elapsed:,.0f} runs/s; latency p50 {statistics.median(lat) * 1000:.1f} ms, "
             f"p99 {lat[int(len(lat) * 0.99) - 1] * 1000:.1f} ms"
+        )
+
+        # The floor: the same server and clients answering the cheapest request there is
+        # (GET /healthz: no authentication, one SELECT 1), as many times, right after.
+        def health(_: int) -> int:
+            if not hasattr(local, "client"):
+                local.client = httpx.Client(base_url=base, headers=headers, timeout=60)
+            return local.client.get("/healthz").status_code
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(args.clients) as pool:
+            codes = list(pool.map(health, range(args.submissions)))
+        elapsed = time.perf_counter() - t0
+        assert all(c == 200 for c in codes), set(codes)
+        figures["submission_floor_per_s"] = round(args.submissions / elapsed, 1)
+        print(
+            f"the floor, GET /healthz (no authentication, SELECT 1) on the same server and clients: "
+            f"{args.submissions / elapsed:,.0f} requests/s"
         )
 
         run = Run.objects.filter(org=org).first()
