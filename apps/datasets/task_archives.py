@@ -250,10 +250,10 @@ class DataFilter:
         from the archive for this one use, and its filtered attributes are what any later
         use of it (a hard link's target copied) should get anyway."""
         # None, as the library filter sets them (typeshed types these fields without it).
-        owner: Any = None
-        member.uid = member.gid = member.uname = member.gname = owner
+        unset: Any = None
+        member.uid = member.gid = member.uname = member.gname = unset
         if member.isdir():
-            member.mode = owner
+            member.mode = unset
         elif member.mode is not None:
             mode = member.mode & 0o755
             if not mode & 0o100:

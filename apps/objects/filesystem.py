@@ -100,9 +100,9 @@ class FileSystemStore(ObjectStore):
                 # writers of the same key exactly one links; the other verifies below.
                 os.link(tmp, final)
             except FileExistsError:
-                if self.verify(sha256=sha256, size=got_size):
+                if self._present(sha256=sha256, size=got_size):
                     return "present"
-                raise ObjectCorrupt(f"{object_key(sha256)} exists with other bytes; it is not overwritten") from None
+                raise ObjectCorrupt(f"{object_key(sha256)} vanished while it was written") from None
             _fsync_dir(final.parent)
             return "created"
         finally:
