@@ -167,12 +167,15 @@ def main() -> None:
 
         local = threading.local()
 
-        def submit(i: int) -> int:
+        def thread_client() -> httpx.Client:
             # One keep-alive client per thread: the figure is the server's, not TCP set-up's.
             if not hasattr(local, "client"):
                 local.client = httpx.Client(base_url=base, headers=headers, timeout=60)
+            return local.client
+
+        def submit(i: int) -> int:
             t0 = time.perf_counter()
-            resp = local.client.post("/api/runs", json=body, headers={"Idempotency-Key": f"{stamp}-{i}"})
+            resp = thread_client().post("/api/runs", json=body, headers={"Idempotency-Key": f"{stamp}-{i}"})
             latencies.append(time.perf_counter() - t0)
             return resp.status_code
 
@@ -194,9 +197,7 @@ def main() -> None:
         # The floor: the same server and clients answering the cheapest request there is
         # (GET /healthz: no authentication, one SELECT 1), as many times, right after.
         def health(_: int) -> int:
-            if not hasattr(local, "client"):
-                local.client = httpx.Client(base_url=base, headers=headers, timeout=60)
-            return local.client.get("/healthz").status_code
+            return thread_client().get("/healthz").status_code
 
         t0 = time.perf_counter()
         with ThreadPoolExecutor(args.clients) as pool:
