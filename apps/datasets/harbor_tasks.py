@@ -208,6 +208,20 @@ def task_dir_parse_in_worker(task_dir: Path, label: str, limits: dict[str, int])
     return task_dir_parse(task_dir, label=label, **limits)
 
 
+def task_dirs_parse_in_worker(
+    task_dirs: list[Path], labels: list[str], limits: dict[str, int]
+) -> list[ParsedTask | TaskFormatError]:
+    """`task_dir_parse` of each folder, in a worker process: a refused folder's error is
+    returned in its place, so the caller can name the first refused one in its own order."""
+    out: list[ParsedTask | TaskFormatError] = []
+    for task_dir, label in zip(task_dirs, labels, strict=True):
+        try:
+            out.append(task_dir_parse(task_dir, label=label, **limits))
+        except TaskFormatError as exc:
+            out.append(exc)
+    return out
+
+
 def _relabel(message: str, task_dir: Path, label: str) -> str:
     """Harbor's messages carry absolute paths of (possibly temporary) folders; show the label."""
     for prefix in {str(task_dir.resolve()), str(task_dir.absolute()), str(task_dir)}:

@@ -13,9 +13,11 @@ import errno
 import fnmatch
 import multiprocessing
 import os
+import posixpath
 import re
+import tarfile
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
@@ -98,6 +100,107 @@ def _tasks_parse(*, paths: list[Path], labels: list[str], field: str | None) -> 
             )
         except TaskFormatError as exc:
             raise ValidationFailed(str(exc), field=field) from None
+
+
+class _EarlyParse:
+    """Parses an uploaded archive's task folders while the rest of it still unpacks.
+
+    Unpacking runs on one core; a task folder the tar stream has moved past can already be
+    parsed on the other. A folder is handed to the parse workers when a member outside it
+    follows its task.toml. Its early result is used only if the folder is still as it was
+    then: no later member is named inside it, and the archive holds no link at all (a
+    link, or a path through a symlinked folder, could change a folder under another name).
+    Every other task folder is parsed once the archive is unpacked, as before; the result
+    is the same as parsing all of them then, and the first refused task (in order) is named.
+    Small archives never start the workers (see `_tasks_parse`).
+    """
+
+    def __init__(self, *, dest: Path) -> None:
+        self.dest = dest
+        self.workers = settings.SYNTH_TASK_PARSE_WORKERS
+        self.limits = {
+            "max_file_bytes": settings.SYNTH_TASK_MAX_FILE_BYTES,
+            "max_task_bytes": settings.SYNTH_TASK_MAX_BYTES,
+        }
+        self.pool: ProcessPoolExecutor | None = None
+        self.open: str | None = None  # the folder of the last task.toml, while members go into it
+        self.closed: list[str] = []  # moved past, not handed to a worker yet
+        self.handed: dict[str, tuple[Future[list[Any]], int]] = {}  # folder -> (its chunk's result, index)
+        self.changed: set[str] = set()  # handed folders a later member went into
+        self.linked = False
+        self.tasks = 0
+
+    def __enter__(self) -> _EarlyParse:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+
+    def member(self, member: tarfile.TarInfo) -> None:
+        """One member is on disk (archive_extract's ``on_member``)."""
+        name = posixpath.normpath(member.name)
+        if self.open is not None and not (name == self.open or name.startswith(self.open + "/")):
+            self.closed.append(self.open)
+            self.open = None
+        if member.issym() or member.islnk():
+            self.linked = True
+        if self.handed:
+            prefix = ""
+            for part in name.split("/"):
+                prefix = f"{prefix}/{part}" if prefix else part
+                if prefix in self.handed:
+                    self.changed.add(prefix)
+        if self.open is None and posixpath.basename(name) == "task.toml":
+            self.open = posixpath.dirname(name)
+            self.tasks += 1
+            if self.pool is None and self.workers > 1 and self.tasks >= self.workers * PARALLEL_PARSE_MIN_TASKS:
+                self.pool = ProcessPoolExecutor(
+                    max_workers=self.workers, mp_context=multiprocessing.get_context("spawn")
+                )
+        while self.pool is not None and len(self.closed) >= PARALLEL_PARSE_CHUNK:
+            self._hand(self.closed[:PARALLEL_PARSE_CHUNK])
+            del self.closed[:PARALLEL_PARSE_CHUNK]
+
+    def _hand(self, folders: list[str]) -> None:
+        assert self.pool is not None
+        future = self.pool.submit(
+            harbor_tasks.task_dirs_parse_in_worker,
+            [self.dest / f for f in folders],
+            [posixpath.basename(f) for f in folders],
+            self.limits,
+        )
+        for index, folder in enumerate(folders):
+            self.handed[folder] = (future, index)
+
+    def _early(self, folder: str) -> tuple[Future[list[Any]], int] | None:
+        if self.linked or folder in self.changed:
+            return None
+        return self.handed.get(folder)
+
+    def results(self, *, dirs: list[Path], field: str | None) -> list[ParsedTask]:
+        """The parse of every task folder (``dirs``, found once the archive is unpacked), in order."""
+        if self.pool is None:
+            return _tasks_parse(paths=dirs, labels=[d.name for d in dirs], field=field)
+        keys = [d.relative_to(self.dest).as_posix() for d in dirs]
+        self.handed = {key: early for key in keys if (early := self._early(key)) is not None}
+        late = [key for key in keys if key not in self.handed]
+        for start in range(0, len(late), PARALLEL_PARSE_CHUNK):
+            self._hand(late[start : start + PARALLEL_PARSE_CHUNK])
+        tasks: list[ParsedTask] = []
+        for key in keys:
+            future, index = self.handed[key]
+            parsed = future.result()[index]
+            if isinstance(parsed, TaskFormatError):
+                self.close()  # the tasks after it are not needed
+                raise ValidationFailed(str(parsed), field=field)
+            tasks.append(parsed)
+        self.close()
+        return tasks
 
 
 def _names_unique_check(*, tasks: list[ParsedTask], labels: list[str], field: str | None) -> None:
@@ -232,13 +335,16 @@ def _dataset_version_store(
 
 
 def _dataset_import_task_dirs(
-    *, org: Organization, name: str, version: str, root: Path, field: str | None
+    *, org: Organization, name: str, version: str, root: Path, field: str | None, early: _EarlyParse | None = None
 ) -> tuple[DatasetVersion, bool]:
     try:
         dirs = harbor_tasks.task_dirs_discover(root)
     except TaskFormatError as exc:
         raise ValidationFailed(str(exc), field=field) from None
-    tasks = _tasks_parse(paths=dirs, labels=[d.name for d in dirs], field=field)
+    if early is not None:  # some were parsed as the archive unpacked
+        tasks = early.results(dirs=dirs, field=field)
+    else:
+        tasks = _tasks_parse(paths=dirs, labels=[d.name for d in dirs], field=field)
     _names_unique_check(tasks=tasks, labels=[d.name for d in dirs], field=field)
     return _dataset_version_store(org=org, name=name, version=version, tasks=tasks)
 
@@ -377,17 +483,22 @@ def _dataset_import_unpacked(
     with tempfile.TemporaryDirectory(prefix="synth-dataset-", dir=scratch) as tmp:
         extract_dir = Path(tmp) / "archive"
         extract_dir.mkdir()
-        try:
-            root = task_archives.archive_extract(
-                archive,
-                extract_dir,
-                max_member_bytes=settings.SYNTH_TASK_MAX_FILE_BYTES,
-                max_total_bytes=settings.SYNTH_TASK_MAX_ARCHIVE_BYTES,
-            )
-        except TaskFormatError as exc:
-            raise ValidationFailed(str(exc), field="archive") from None
-        if registry is None:
-            return _dataset_import_task_dirs(org=org, name=name, version=version, root=root, field="archive")
+        # Without a registry the task folders are the archive's: they are parsed as it unpacks.
+        with _EarlyParse(dest=extract_dir) as early:
+            try:
+                root = task_archives.archive_extract(
+                    archive,
+                    extract_dir,
+                    max_member_bytes=settings.SYNTH_TASK_MAX_FILE_BYTES,
+                    max_total_bytes=settings.SYNTH_TASK_MAX_ARCHIVE_BYTES,
+                    on_member=early.member if registry is None else None,
+                )
+            except TaskFormatError as exc:
+                raise ValidationFailed(str(exc), field="archive") from None
+            if registry is None:
+                return _dataset_import_task_dirs(
+                    org=org, name=name, version=version, root=root, field="archive", early=early
+                )
         bases = [extract_dir] if root == extract_dir else [extract_dir, root]
         tasks = _registry_tasks(
             data=registry,

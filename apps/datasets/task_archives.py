@@ -18,7 +18,7 @@ import re
 import stat
 import tarfile
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -349,6 +349,7 @@ def archive_extract(
     max_members: int = DEFAULT_MAX_ARCHIVE_MEMBERS,
     max_inflated_bytes: int = DEFAULT_MAX_INFLATED_BYTES,
     where: str = "archive",
+    on_member: Callable[[tarfile.TarInfo], None] | None = None,
 ) -> Path:
     """Safely unpack an uploaded tar / tar.gz into `dest` and return the dataset root.
 
@@ -362,7 +363,8 @@ def archive_extract(
     "data" extraction filter (DataFilter: the same answers, cheaper) refuses absolute
     paths, `..`, links leaving `dest` and device files; a hard link must follow its target.
     A single top-level folder is descended into, since `tar czf x.tgz mytasks/` is
-    the natural way to pack a folder of tasks.
+    the natural way to pack a folder of tasks. ``on_member`` is called with each member
+    once it is on disk (the caller may start reading folders the archive has moved past).
     """
     data_filter = DataFilter()
     try:
@@ -394,6 +396,8 @@ def archive_extract(
                     tar.extract(member, dest, filter=data_filter)
                 except tarfile.FilterError as exc:
                     raise TaskFormatError(f"{where}: {member.name}", _filter_reason(exc)) from None
+                if on_member is not None:
+                    on_member(member)
     except tarfile.ReadError as exc:
         raise TaskFormatError(where, f"not a readable tar or tar.gz file ({exc})") from None
     except tarfile.StreamError as exc:

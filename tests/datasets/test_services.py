@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -260,6 +262,116 @@ def test_parse_in_workers_refuses_the_first_malformed_task(alice, examples_copy,
     assert info.value.message.startswith(expected), info.value.message
     assert _counts() == before
     assert parse_in_workers == [2]
+
+
+@pytest.fixture
+def early_parse(parse_in_workers, monkeypatch) -> dict[str, bool]:
+    """Archives' task folders handed to the workers as soon as the stream moves past each
+    (one per message); the dict records, per folder, whether its early parse was used."""
+    from apps.datasets import services
+
+    monkeypatch.setattr(services, "PARALLEL_PARSE_CHUNK", 1)
+    used: dict[str, bool] = {}
+    real = services._EarlyParse.results
+
+    def recording(self, *, dirs, field):
+        used.update({d.name: self._early(d.relative_to(self.dest).as_posix()) is not None for d in dirs})
+        return real(self, dirs=dirs, field=field)
+
+    monkeypatch.setattr(services._EarlyParse, "results", recording)
+    return used
+
+
+def _rows(org) -> list[tuple]:
+    fields = ("name", "digest", "config", "instruction", "local_support", "has_dockerfile", "has_solution")
+    return list(TaskVersion.objects.filter(org=org).order_by("name").values_list(*fields))
+
+
+def test_an_archive_parsed_as_it_unpacks_gives_the_folders_versions(
+    alice, bob, examples_copy, settings, early_parse, parse_in_workers
+) -> None:
+    from apps.datasets.services import dataset_import_archive
+    from tests.datasets.conftest import tar_gz
+
+    settings.SYNTH_TASK_PARSE_WORKERS = 1
+    reference, _ = dataset_import_dir(org=alice.org, name="examples", version="1.0", path=examples_copy(1))
+    settings.SYNTH_TASK_PARSE_WORKERS = 2
+    dv, created = dataset_import_archive(
+        org=bob.org, name="examples", version="1.0", archive=tar_gz(examples_copy(2), arcname="tasks")
+    )
+    assert created and dv.digest == reference.digest
+    assert _rows(bob.org) == _rows(alice.org) and len(_rows(bob.org)) == len(EXAMPLE_SLUGS)
+    assert parse_in_workers == [2]
+    # Every folder the stream moved past was parsed early; the last one only at the end.
+    assert early_parse == {slug: slug != EXAMPLE_SLUGS[-1] for slug in EXAMPLE_SLUGS}
+
+
+def _tar_with(root: Path, *, extra: list[tuple[tarfile.TarInfo, bytes | None]]) -> io.BytesIO:
+    """A tar.gz of root's task folders (sorted, as the CLI packs), then the ``extra`` members."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for child in sorted(root.iterdir()):
+            tar.add(child, arcname=child.name)
+        for info, data in extra:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    buf.seek(0)
+    return buf
+
+
+def test_a_folder_the_archive_comes_back_to_is_parsed_once_it_is_unpacked(
+    alice, bob, examples_copy, early_parse
+) -> None:
+    from apps.datasets.services import dataset_import_archive
+
+    first, second = EXAMPLE_SLUGS[0], EXAMPLE_SLUGS[1]
+    text = b"The last word: this instruction replaces the first.\n"
+    info = tarfile.TarInfo(f"{first}/instruction.md")
+    info.size, info.mode = len(text), 0o644
+    dv, _ = dataset_import_archive(
+        org=bob.org, name="examples", version="1.0", archive=_tar_with(examples_copy(2), extra=[(info, text)])
+    )
+    # The member at the end replaced the file the early parse may have read: parsed again.
+    assert early_parse[first] is False and early_parse[second] is True
+    assert TaskVersion.objects.filter(org=bob.org, instruction=text.decode()).count() == 1
+    expected = examples_copy(1)
+    (expected / first / "instruction.md").write_bytes(text)
+    reference, _ = dataset_import_dir(org=alice.org, name="examples", version="1.0", path=expected)
+    assert dv.digest == reference.digest
+
+
+def test_an_archive_with_a_link_is_parsed_once_it_is_unpacked(alice, bob, examples_copy, early_parse) -> None:
+    from apps.datasets.services import dataset_import_archive
+
+    # A link could make a folder the stream moved past change under another name.
+    info = tarfile.TarInfo(f"{EXAMPLE_SLUGS[-1]}/tests/again.sh")
+    info.type, info.linkname = tarfile.SYMTYPE, "test.sh"
+    dv, _ = dataset_import_archive(
+        org=bob.org, name="examples", version="1.0", archive=_tar_with(examples_copy(2), extra=[(info, None)])
+    )
+    assert set(early_parse.values()) == {False} and len(early_parse) == len(EXAMPLE_SLUGS)
+    expected = examples_copy(1)
+    (expected / EXAMPLE_SLUGS[-1] / "tests" / "again.sh").symlink_to("test.sh")
+    reference, _ = dataset_import_dir(org=alice.org, name="examples", version="1.0", path=expected)
+    assert dv.digest == reference.digest
+
+
+@pytest.mark.parametrize("breaker", [_break_missing_test, _break_toml_type])
+def test_an_archive_parsed_as_it_unpacks_refuses_the_first_malformed_task(
+    alice, examples_copy, early_parse, breaker
+) -> None:
+    from apps.datasets.services import dataset_import_archive
+    from tests.datasets.conftest import tar_gz
+
+    root = examples_copy(1)
+    # Sorted first, so parsed early; a second broken task after it is not the one named.
+    expected = breaker(write_task(root, "a-broken")).replace("zz-broken", "a-broken", 1)
+    (write_task(root, "zz-broken") / "instruction.md").unlink()
+    before = _counts()
+    with pytest.raises(ValidationFailed) as info:
+        dataset_import_archive(org=alice.org, name="examples", version="1.0", archive=tar_gz(root))
+    assert info.value.message.startswith(expected) and info.value.field == "archive", info.value.message
+    assert early_parse["a-broken"] is True
+    assert _counts() == before
 
 
 def _scratch_spy(monkeypatch) -> list[Path]:
