@@ -427,6 +427,10 @@ if (
 # a revoked credential, a disabled or changed route takes effect within this. 0: read
 # them on every call.
 SYNTH_PROXY_LOOKUP_CHECK_SECONDS = env_float("SYNTH_PROXY_LOOKUP_CHECK_SECONDS", 0.5, minimum=0.0)
+# How stale the REST API's cached reads may be at most: who a bearer token is (a revoked or
+# expired token, a removed member or a disabled worker is refused within this), and the
+# versions a run submission pins (apps.runs.pins). 0: read them on every request.
+SYNTH_API_LOOKUP_CHECK_SECONDS = env_float("SYNTH_API_LOOKUP_CHECK_SECONDS", 0.5, minimum=0.0)
 # Seconds between pings while a stream waits for the sampler (Claude Code aborts a stream idle 300 s).
 SYNTH_PROXY_PING_SECONDS = env_float("SYNTH_PROXY_PING_SECONDS", 10.0, minimum=0.1)
 # The prefix cache: conversations kept, and their approximate total size in bytes.

@@ -1,10 +1,26 @@
 from __future__ import annotations
 
+from django.conf import settings
+from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
 from apps.accounts.principal import Principal
-from apps.accounts.services import token_verify
+from apps.accounts.services import token_hash, token_verify
+from synth_common.fresh_cache import FreshCache
+
+# Principals kept at most (a bound on memory; freshness decides what is served).
+PRINCIPAL_ENTRIES = 4096
+
+# Who each recently seen bearer token is, by the SHA-256 of its secret (the secret itself
+# is not kept): every API request authenticates, and the read (token, organization, user,
+# worker and role in one query) was a fifth of a run submission's time. A revocation, an
+# expiry, a removed membership or a disabled worker takes effect within
+# SYNTH_API_LOOKUP_CHECK_SECONDS, however it was written; expiry is also checked on every
+# use from the cached row.
+principals: FreshCache[str, Principal] = FreshCache(
+    maxsize=PRINCIPAL_ENTRIES, check_seconds=lambda: settings.SYNTH_API_LOOKUP_CHECK_SECONDS
+)
 
 
 def bearer_from_headers(headers: dict[str, str] | object) -> str | None:
@@ -15,6 +31,19 @@ def bearer_from_headers(headers: dict[str, str] | object) -> str | None:
 
 
 def principal_for_secret(secret: str) -> Principal | None:
+    """The live principal for a bearer secret (cached while fresh), or None."""
+    key = token_hash(secret)
+    principal = principals.get(key)
+    if principal is not None and (principal.token.expires_at is None or principal.token.expires_at > timezone.now()):
+        return principal
+    started = principals.read_started()
+    principal = _principal_read(secret)
+    if principal is not None:
+        principals.put(key, principal, read_started=started)
+    return principal
+
+
+def _principal_read(secret: str) -> Principal | None:
     token = token_verify(secret=secret, with_role=True)
     if token is None:
         return None

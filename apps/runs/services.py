@@ -22,12 +22,12 @@ from django.utils.module_loading import import_string
 from apps.accounts.models import Organization
 from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.datasets.models import DatasetVersion
-from apps.datasets.services import dataset_version_local_check, dataset_version_resolve
+from apps.datasets.services import dataset_version_local_check
 from apps.profiles.models import ProfileVersion
-from apps.profiles.selectors import profile_version_get, profile_version_recipe
 from apps.runs.bindings import model_binding_resolve
 from apps.runs.events import event_append, events_append
 from apps.runs.models import TERMINAL_STATUSES, Artifact, Run, RunKind, RunSpec, RunStatus
+from apps.runs.pins import dataset_version_pinned, pins_forget, profile_version_pinned
 from apps.runs.plans import plan_normalize, plan_uses_local_sandbox
 from apps.runs.settlement import run_cancel_settle
 from apps.runs.transitions import run_transition
@@ -132,19 +132,23 @@ def _actors_normalize(*, body: dict[str, Any], kind: str) -> list[ProfileRef] | 
     return [ref for ref in refs if ref is not None]
 
 
-def _resolve_profile(*, org: Organization, ref: ProfileRef, field: str) -> ProfileVersion:
+def _resolve_profile(
+    *, org: Organization, ref: ProfileRef, field: str, cached: bool
+) -> tuple[ProfileVersion, dict[str, Any]]:
+    """The profile version a reference names, and its recipe (shared: read it only)."""
     if ref.version is None:
-        from apps.profiles.selectors import profile_version_latest
+        from apps.profiles.selectors import profile_version_latest, profile_version_recipe
 
         version = profile_version_latest(org=org, name=ref.name)
+        recipe = profile_version_recipe(profile_version=version)
     else:
-        version = profile_version_get(org=org, name=ref.name, version=ref.version)
+        version, recipe = profile_version_pinned(org=org, name=ref.name, version=ref.version, cached=cached)
     if ref.digest is not None and ref.digest != version.digest:
         raise Conflict(
             f"{field}: {ref.name}@{version.version} has digest sha256:{version.digest}, not sha256:{ref.digest}",
             field=f"{field}.digest",
         )
-    return version
+    return version, recipe
 
 
 @dataclass(frozen=True)
@@ -163,21 +167,22 @@ class _PinnedActor:
         }
 
 
-def _actors_pin(*, org: Organization, refs: list[ProfileRef], fields: list[str], train: bool) -> list[_PinnedActor]:
+def _actors_pin(
+    *, org: Organization, refs: list[ProfileRef], fields: list[str], train: bool, cached: bool
+) -> list[_PinnedActor]:
     """Resolve the run's actors and their model bindings. Several actors must bind the same
     model (the same route, or the same checkpoint): a mixed run compares harnesses on one
     model, and a train run's learner trains that one model from every group."""
     pinned: list[_PinnedActor] = []
     for ref, field in zip(refs, fields, strict=True):
         try:
-            version = _resolve_profile(org=org, ref=ref, field=field)
+            version, recipe = _resolve_profile(org=org, ref=ref, field=field, cached=cached)
         except NotFound as exc:
             if field == "actor":
                 raise  # a one-actor run answers as it always has
             raise NotFound(f"{field}: {exc}", field=field) from None
         if any(p.version.pk == version.pk for p in pinned):
             raise ValidationFailed(f"{field}: {ref.name}@{version.version} is listed twice", field=field)
-        recipe = profile_version_recipe(profile_version=version)
         binding = model_binding_resolve(org=org, binding=recipe.get("model") or {}, field=field)
         if pinned and binding != pinned[0].binding:
             raise ValidationFailed(
@@ -300,18 +305,24 @@ class _Pins:
     judge_binding: dict[str, Any] | None
 
 
-def _admission_pin(*, org: Organization, request: dict[str, Any], body: Any) -> _Pins:
-    """Resolve and pin a normalized request's inputs (reads only); a train run's plan is
-    completed in ``request`` by the learner's resolver."""
+def _admission_pin(*, org: Organization, request: dict[str, Any], body: Any, cached: bool) -> _Pins:
+    """Resolve and pin a normalized request's inputs (reads only; versions from apps.runs.pins
+    when ``cached``); a train run's plan is completed in ``request`` by the learner's resolver."""
     local = plan_uses_local_sandbox(plan=request["plan"])
-    dataset_version = dataset_version_resolve(org=org, reference=request["dataset"], with_local_support=local)
+    dataset_version = dataset_version_pinned(
+        org=org, reference=request["dataset"], with_local_support=local, cached=cached
+    )
     if local:
         dataset_version_local_check(dataset_version=dataset_version, task_names=request["plan"].get("task_names"))
     fields = [f"actors[{i}]" for i in range(len(request["actors"]))] if "actors" in request else ["actor"]
     refs = [ProfileRef(**ref) for ref in request.get("actors", [request["actor"]])]
-    pinned = _actors_pin(org=org, refs=refs, fields=fields, train=request["kind"] == RunKind.TRAIN)
+    pinned = _actors_pin(org=org, refs=refs, fields=fields, train=request["kind"] == RunKind.TRAIN, cached=cached)
     model_binding = pinned[0].binding
-    judge = _resolve_profile(org=org, ref=ProfileRef(**request["judge"]), field="judge") if request["judge"] else None
+    judge, judge_recipe = (
+        _resolve_profile(org=org, ref=ProfileRef(**request["judge"]), field="judge", cached=cached)
+        if request["judge"]
+        else (None, None)
+    )
     if request["kind"] == RunKind.REGRADE:
         _regrade_source_check(org=org, source_id=request["plan"]["source_run"], judge=judge)
     if request["kind"] == RunKind.TRAIN:
@@ -324,8 +335,8 @@ def _admission_pin(*, org: Organization, request: dict[str, Any], body: Any) -> 
         )
     # The judge's weights are pinned too (a checkpoint judge is resolved now, not per trial).
     judge_binding = None
-    if judge is not None:
-        judge_model = profile_version_recipe(profile_version=judge).get("model")
+    if judge is not None and judge_recipe is not None:
+        judge_model = judge_recipe.get("model")
         judge_binding = model_binding_resolve(org=org, binding=judge_model, field="judge") if judge_model else None
     return _Pins(dataset_version=dataset_version, pinned=pinned, judge=judge, judge_binding=judge_binding)
 
@@ -345,12 +356,50 @@ def run_submit(
     request = run_request_normalize(body=body)
     request_digest = canonical_digest(request)
 
+    admitted = _run_admit(
+        org=org,
+        user=user,
+        idempotency_key=idempotency_key,
+        request=request,
+        request_digest=request_digest,
+        body=body,
+        cached=True,
+    )
+    if admitted is None:
+        # A cached pin went away since it was read (a version deleted in the admin):
+        # admitted again from the database, which gives the answer (most likely a 404).
+        pins_forget()
+        admitted = _run_admit(
+            org=org,
+            user=user,
+            idempotency_key=idempotency_key,
+            request=run_request_normalize(body=body),
+            request_digest=request_digest,
+            body=body,
+            cached=False,
+        )
+        assert admitted is not None  # uncached, a failed insert raises
+    return admitted
+
+
+def _run_admit(
+    *,
+    org: Organization,
+    user: AbstractBaseUser | None,
+    idempotency_key: str,
+    request: dict[str, Any],
+    request_digest: str,
+    body: Any,
+    cached: bool,
+) -> tuple[Run, bool] | None:
+    """run_submit's admission and insert; None when, with ``cached`` pins, the insert met
+    a foreign key that no longer holds (see apps.runs.pins)."""
     # The Idempotency-Key is looked up only when admission fails here or its insert meets
     # the key's unique constraint, not before every admission (one query less for each
     # new run): a replay still answers with its first run, whatever its inputs resolve to
     # now (a dataset or profile version since removed), and another body is a Conflict.
     try:
-        pins = _admission_pin(org=org, request=request, body=body)
+        pins = _admission_pin(org=org, request=request, body=body, cached=cached)
     except Exception:
         existing = _existing_run(org=org, idempotency_key=idempotency_key, request_digest=request_digest)
         if existing is None:
@@ -416,9 +465,11 @@ def run_submit(
     except IntegrityError:
         # A concurrent submission with the same key won the unique constraint.
         existing = _existing_run(org=org, idempotency_key=idempotency_key, request_digest=request_digest)
-        if existing is None:
-            raise
-        return existing, False
+        if existing is not None:
+            return existing, False
+        if cached:
+            return None
+        raise
     return run, True
 
 
