@@ -41,6 +41,25 @@ class FreshCache[K: Hashable, V]:
             return None
         return value
 
+    def read_through(
+        self,
+        key: K,
+        *,
+        read: Callable[[], V | None],
+        cached: bool = True,
+        usable: Callable[[V], bool] | None = None,
+    ) -> V | None:
+        """The fresh cached value for ``key`` (when ``cached``, and ``usable`` accepts it),
+        else ``read()``, kept unless it found nothing."""
+        found = self.get(key) if cached else None
+        if found is not None and (usable is None or usable(found)):
+            return found
+        started = self.read_started()
+        found = read()
+        if found is not None:
+            self.put(key, found, read_started=started)
+        return found
+
     def put(self, key: K, value: V, *, read_started: float) -> None:
         """Keep ``value``, read by a read that began at ``read_started`` (see read_started)."""
         if self._check_seconds() <= 0:

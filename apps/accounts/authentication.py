@@ -32,15 +32,12 @@ def bearer_from_headers(headers: dict[str, str] | object) -> str | None:
 
 def principal_for_secret(secret: str) -> Principal | None:
     """The live principal for a bearer secret (cached while fresh), or None."""
-    key = token_hash(secret)
-    principal = principals.get(key)
-    if principal is not None and (principal.token.expires_at is None or principal.token.expires_at > timezone.now()):
-        return principal
-    started = principals.read_started()
-    principal = _principal_read(secret)
-    if principal is not None:
-        principals.put(key, principal, read_started=started)
-    return principal
+    return principals.read_through(token_hash(secret), read=lambda: _principal_read(secret), usable=_unexpired)
+
+
+def _unexpired(principal: Principal) -> bool:
+    expires_at = principal.token.expires_at
+    return expires_at is None or expires_at > timezone.now()
 
 
 def _principal_read(secret: str) -> Principal | None:

@@ -46,13 +46,12 @@ def dataset_version_pinned(
     *, org: Organization, reference: str, with_local_support: bool, cached: bool
 ) -> DatasetVersion:
     """dataset_version_resolve, from the cache when ``cached`` and fresh."""
-    key = (org.pk, reference, with_local_support)
-    found = _datasets.get(key) if cached else None
-    if found is not None:
-        return found
-    started = _datasets.read_started()
-    found = dataset_version_resolve(org=org, reference=reference, with_local_support=with_local_support)
-    _datasets.put(key, found, read_started=started)
+    found = _datasets.read_through(
+        (org.pk, reference, with_local_support),
+        read=lambda: dataset_version_resolve(org=org, reference=reference, with_local_support=with_local_support),
+        cached=cached,
+    )
+    assert found is not None  # dataset_version_resolve raises NotFound
     return found
 
 
@@ -61,14 +60,13 @@ def profile_version_pinned(
 ) -> tuple[ProfileVersion, dict[str, Any]]:
     """profile_version_get and its recipe (verified), from the cache when ``cached`` and fresh.
     The recipe is shared: read it, do not change it."""
-    key = (org.pk, name, version)
-    found = _profiles.get(key) if cached else None
-    if found is not None:
-        return found
-    started = _profiles.read_started()
-    profile_version = profile_version_get(org=org, name=name, version=version)
-    found = (profile_version, profile_version_recipe(profile_version=profile_version))
-    _profiles.put(key, found, read_started=started)
+
+    def read() -> tuple[ProfileVersion, dict[str, Any]]:
+        profile_version = profile_version_get(org=org, name=name, version=version)
+        return profile_version, profile_version_recipe(profile_version=profile_version)
+
+    found = _profiles.read_through((org.pk, name, version), read=read, cached=cached)
+    assert found is not None  # profile_version_get raises NotFound
     return found
 
 
