@@ -36,9 +36,14 @@ _DRAIN_GRACE_SEC = 0.5
 
 # Host side: join the given cgroup.procs files, then exec the rest of argv.
 JOIN_SCRIPT = 'while [ "$1" != "--" ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
-# Sandbox side of every exec: import the environment from the memfd ($1), cd, run the command
-# with ``bash -c`` like Harbor's docker provider.
+# Sandbox side of every exec: no core dumps and the CPU-time limit ($4, if any), set by bash's
+# own ulimit (soft and hard) rather than a prlimit process in the chain: every process of the
+# chain runs in the sandbox's CPU cgroup, on the task's own CPU share (one fewer saved about
+# 0.6 of an exec's 7 ms CPU), and the limits hold on a host without prlimit. Then import the
+# environment from the memfd ($1), cd, and run the command with ``bash -c`` like Harbor's
+# docker provider.
 _EXEC_SCRIPT = (
+    'ulimit -c 0 && { [ -z "$4" ] || ulimit -t "$4"; } || exit 1; '
     'while IFS= read -r -d "" kv; do export -- "$kv" 2>/dev/null; done <&"$1"; '
     'eval "exec $1<&-"; cd -- "$2" || exit 1; exec /bin/bash -c "$3"'
 )
@@ -91,12 +96,19 @@ def _exec_argv(
         ns = ["-U", "--preserve-credentials", "-m", "-u", "-i", "-n", "-p", "-C"]
         argv += [tools.nsenter, "-t", str(init_pid), *ns, "--"]
     argv += [tools.setpriv, "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", "--"]
-    if tools.prlimit:
-        argv += [tools.prlimit, "--core=0"]
-        if cpu_time_sec is not None:
-            argv.append(f"--cpu={int(cpu_time_sec)}")
-        argv.append("--")
-    argv += [tools.bash, "--noprofile", "--norc", "-c", _EXEC_SCRIPT, "synth-exec", str(env_fd), cwd, command]
+    cpu_limit = str(int(cpu_time_sec)) if cpu_time_sec is not None else ""
+    argv += [
+        tools.bash,
+        "--noprofile",
+        "--norc",
+        "-c",
+        _EXEC_SCRIPT,
+        "synth-exec",
+        str(env_fd),
+        cwd,
+        command,
+        cpu_limit,
+    ]
     return argv
 
 

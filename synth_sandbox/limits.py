@@ -2,7 +2,7 @@
 
 memory / pids / cpu come from cgroups (see cgroups.py), storage from the size of the tmpfs
 that holds the writable directories, core dumps are off and an optional CPU-time rlimit is set
-with ``prlimit`` for every exec.  Each exec also runs in its own child cgroup of the tracking
+for every exec (by its shell's ``ulimit``, see execs.py).  Each exec also runs in its own child cgroup of the tracking
 hierarchy, so a timeout or a cancellation kills exactly the processes that exec started
 (including daemonised ones), and ``Sandbox.stop()`` kills the init, whose death takes down
 its PID namespace, and then whatever is left in the cgroup tree.
@@ -67,7 +67,6 @@ def cgroup_limits_apply(
     name: str,
     limits: SandboxLimits,
     cgroup_parent: str | None,
-    prlimit_found: bool,
     log: logging.Logger,
     enforced: dict[str, int | float],
     unenforced: dict[str, str],
@@ -108,8 +107,5 @@ def cgroup_limits_apply(
     if plan.tracking is None:
         unenforced["process_tracking"] = plan.problems.get("tracking", "unavailable")
     if limits.cpu_time_sec is not None:
-        if prlimit_found:
-            enforced["cpu_time_sec"] = limits.cpu_time_sec
-        else:
-            unenforced["cpu_time_sec"] = "prlimit (util-linux) not found"
+        enforced["cpu_time_sec"] = limits.cpu_time_sec
     return cgroup

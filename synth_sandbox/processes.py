@@ -21,7 +21,6 @@ class HostTools:
     bwrap: str
     nsenter: str
     setpriv: str
-    prlimit: str | None
     bash: str
 
 
@@ -51,7 +50,6 @@ def find_tools() -> HostTools:
         bwrap=found["bwrap"] or "",
         nsenter=found["nsenter"] or "",
         setpriv=found["setpriv"] or "",
-        prlimit=_which("prlimit"),
         bash=found["bash"] or "",
     )
 

@@ -277,7 +277,6 @@ class Sandbox(SandboxFiles):
             name=self.name,
             limits=self.limits,
             cgroup_parent=self.cgroup_parent,
-            prlimit_found=bool(self._tools is not None and self._tools.prlimit),
             log=self.log,
             enforced=self.enforced_limits,
             unenforced=self.unenforced_limits,

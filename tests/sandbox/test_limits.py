@@ -103,3 +103,23 @@ def test_cpu_quota_is_applied() -> None:
             assert cpu_seconds < 0.6, cpu_seconds
 
     run(main())
+
+
+def test_every_exec_has_no_core_dumps_and_its_cpu_time_limit() -> None:
+    async def main() -> None:
+        async with started_sandbox(limits=SandboxLimits(memory_mb=256, cpu_time_sec=1)) as sb:
+            assert sb.enforced_limits.get("cpu_time_sec") == 1
+            # Soft and hard, so the command cannot raise them again.
+            limits = await sb.exec("echo $(ulimit -Sc) $(ulimit -Hc) $(ulimit -St) $(ulimit -Ht)")
+            assert limits.stdout.split() == ["0", "0", "1", "1"], limits
+            raised = await sb.exec("ulimit -t 100 2>&1 || echo refused")
+            assert "refused" in raised.stdout, raised
+            # A process past its CPU time is killed by the kernel: at the soft limit with
+            # SIGXCPU (128 + 24), and here the hard one is the same, so with SIGKILL.
+            spun = await sb.exec("exec python3 -c 'while True: pass'")
+            assert spun.return_code in (137, 152) and spun.oom_kills == 0, spun
+        async with started_sandbox(limits=SandboxLimits(memory_mb=256)) as sb:
+            unlimited = await sb.exec("echo $(ulimit -Sc) $(ulimit -t)")
+            assert unlimited.stdout.split() == ["0", "unlimited"], unlimited
+
+    run(main())
