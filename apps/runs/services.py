@@ -10,6 +10,7 @@ go through apps.runs.transitions (claims, each with its event).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -356,28 +357,20 @@ def run_submit(
     request = run_request_normalize(body=body)
     request_digest = canonical_digest(request)
 
-    admitted = _run_admit(
+    admit = functools.partial(
+        _run_admit,
         org=org,
         user=user,
         idempotency_key=idempotency_key,
-        request=request,
         request_digest=request_digest,
         body=body,
-        cached=True,
     )
+    admitted = admit(request=request, cached=True)
     if admitted is None:
-        # A cached pin went away since it was read (a version deleted in the admin):
+        # A cached pin went away since it was read (a purged version; SQLite allows a DELETE):
         # admitted again from the database, which gives the answer (most likely a 404).
         pins_forget()
-        admitted = _run_admit(
-            org=org,
-            user=user,
-            idempotency_key=idempotency_key,
-            request=run_request_normalize(body=body),
-            request_digest=request_digest,
-            body=body,
-            cached=False,
-        )
+        admitted = admit(request=run_request_normalize(body=body), cached=False)
         assert admitted is not None  # uncached, a failed insert raises
     return admitted
 
