@@ -2,15 +2,15 @@
 
 A submission names a dataset version (ORG/NAME@VERSION) and a profile version; both are
 immutable once written, and reading them (with their organization, dataset or profile,
-and the dataset's local-sandbox verdict) was half of a submission's time. Served from
+and the dataset's local-sandbox verdict) was a third of a submission's time. Served from
 here while the read is at most SYNTH_API_LOOKUP_CHECK_SECONDS old (synth_common.fresh_cache),
 a burst of submissions of one campaign reads them about once per interval per process.
 
 Immutable is not always undeletable: PostgreSQL refuses a published version's DELETE
 (apps.core.immutability) but not a deliberate purge's TRUNCATE, and SQLite refuses only
-its UPDATE. A run pinned to one that went away meanwhile fails its insert on the foreign key, and
-run_submit then admits it again with nothing cached (``pins_forget``), so the answer is the
-database's. A profile named without a version ("the latest") is never cached: a version
+its UPDATE. A run pinned to one that went away meanwhile fails its insert on the foreign
+key, and run_submit then admits it again with nothing cached (``pins_forget``), so the
+answer is the database's. A profile named without a version ("the latest") is never cached: a version
 published a moment ago must be the one a following submission pins.
 """
 
