@@ -98,7 +98,10 @@ class RunSpec(models.Model):
 class RunEvent(models.Model):
     """One lifecycle fact; `seq` orders a run's events from 1 without gaps."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    # No index of its own: the (run, seq) unique constraint's index serves every lookup by
+    # run, and the largest table of the platform kept two more (run_id and its LIKE twin)
+    # on every append.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events", db_index=False)
     seq = models.PositiveIntegerField()
     type = models.CharField(max_length=64)
     data = models.JSONField(default=dict, blank=True)

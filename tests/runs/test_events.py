@@ -184,3 +184,12 @@ def test_a_submission_reads_no_row_twice(alice, inputs):
     assert again.status_code == 200
     same = ("id", "kind", "dataset", "dataset_digest", "actor", "judge", "plan", "created_at")
     assert {k: again.json()[k] for k in same} == {k: body[k] for k in same}
+
+
+def test_events_keep_one_index_by_run(db):
+    # Every read of a run's events goes by (run, seq); each further index on the largest
+    # table is written by every append.
+    with connections["default"].cursor() as cursor:
+        constraints = connections["default"].introspection.get_constraints(cursor, RunEvent._meta.db_table)
+    indexed = sorted(tuple(c["columns"]) for c in constraints.values() if c["index"] or c["unique"])
+    assert indexed == [("id",), ("run_id", "seq")], indexed
