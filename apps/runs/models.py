@@ -229,8 +229,10 @@ class Trial(models.Model):
     events and model calls."""
 
     id = PrefixedIdField(prefix="trl")
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="trials")
-    group = models.ForeignKey(SamplingGroup, on_delete=models.CASCADE, related_name="trials")
+    # No index of their own: (run, status) and the (group, attempt) unique constraint lead
+    # with them, and a trial's status changes (not HOT: status is indexed) write every index.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="trials", db_index=False)
+    group = models.ForeignKey(SamplingGroup, on_delete=models.CASCADE, related_name="trials", db_index=False)
     attempt = models.PositiveIntegerField()
     task_version = models.ForeignKey("datasets.TaskVersion", on_delete=models.PROTECT, related_name="+")
     source = models.ForeignKey(

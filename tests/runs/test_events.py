@@ -8,7 +8,7 @@ import httpx
 import pytest
 from django.db import connections, transaction
 
-from apps.runs.models import RunEvent
+from apps.runs.models import RunEvent, Trial
 from apps.runs.services import event_append, run_cancel
 
 
@@ -186,10 +186,18 @@ def test_a_submission_reads_no_row_twice(alice, inputs):
     assert {k: again.json()[k] for k in same} == {k: body[k] for k in same}
 
 
-def test_events_keep_one_index_by_run(db):
-    # Every read of a run's events goes by (run, seq); each further index on the largest
-    # table is written by every append.
+@pytest.mark.parametrize("model", [RunEvent, Trial])
+def test_no_index_is_a_prefix_of_another(db, model):
+    # An index on columns another index leads with serves no query the other cannot, and
+    # every write of the row maintains it: events are appended constantly and a trial's
+    # row changes at every transition.
     with connections["default"].cursor() as cursor:
-        constraints = connections["default"].introspection.get_constraints(cursor, RunEvent._meta.db_table)
-    indexed = sorted(tuple(c["columns"]) for c in constraints.values() if c["index"] or c["unique"])
-    assert indexed == [("id",), ("run_id", "seq")], indexed
+        constraints = connections["default"].introspection.get_constraints(cursor, model._meta.db_table)
+    indexes = [tuple(c["columns"]) for c in constraints.values() if (c["index"] or c["unique"]) and c["columns"]]
+    redundant = [
+        (short, long)
+        for i, short in enumerate(indexes)
+        for j, long in enumerate(indexes)
+        if i != j and long[: len(short)] == short and (len(short) < len(long) or i > j)
+    ]
+    assert not redundant, redundant
