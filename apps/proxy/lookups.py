@@ -38,6 +38,7 @@ from apps.accounts.models import ModelCredential
 from apps.accounts.services import token_hash
 from apps.proxy.credentials import Caller, caller_authenticate
 from apps.proxy.models import ModelRoute
+from synth_common.fresh_cache import FreshCache
 
 # Callers kept at most, and for at most this long since they were read in full (a bound on
 # memory and on how long a cached row's other fields may lag, not on revocation).
@@ -129,39 +130,27 @@ class CallerCache:
             self._entries.clear()
 
 
-@dataclass(frozen=True)
-class _Routes:
-    routes: tuple[ModelRoute, ...]
-    valid_as_of: float
-
-
 class RouteCache:
     """Every model route, ordered by name, read whole once stale."""
 
+    KEY = "routes"
+
     def __init__(self) -> None:
-        self._current: _Routes | None = None
+        self._current: FreshCache[str, tuple[ModelRoute, ...]] = FreshCache(
+            maxsize=1, check_seconds=lambda: settings.SYNTH_PROXY_LOOKUP_CHECK_SECONDS
+        )
 
     def cached(self) -> Sequence[ModelRoute] | None:
-        current = self._current
-        if current is None or not _fresh(current.valid_as_of):
-            return None
-        return current.routes
+        return self._current.get(self.KEY)
 
     def load(self) -> Sequence[ModelRoute]:
         """The routes, read again if stale. Reads the database: call it in a database phase."""
-        routes = self.cached()
-        if routes is not None:
-            return routes
-        started = time.monotonic()
-        loaded = _Routes(routes=tuple(ModelRoute.objects.all().order_by("name")), valid_as_of=started)
-        current = self._current
-        # Two phases may read at once: keep the later read.
-        if current is None or current.valid_as_of <= started:
-            self._current = loaded
-        return loaded.routes
+        routes = self._current.read_through(self.KEY, read=lambda: tuple(ModelRoute.objects.all().order_by("name")))
+        assert routes is not None  # a tuple, empty at worst
+        return routes
 
     def clear(self) -> None:
-        self._current = None
+        self._current.clear()
 
 
 callers = CallerCache()

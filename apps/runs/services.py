@@ -25,6 +25,7 @@ from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.datasets.models import DatasetVersion
 from apps.datasets.services import dataset_version_local_check
 from apps.profiles.models import ProfileVersion
+from apps.profiles.selectors import profile_version_recipe
 from apps.runs.bindings import model_binding_resolve
 from apps.runs.events import event_append, events_append
 from apps.runs.models import TERMINAL_STATUSES, Artifact, Run, RunKind, RunSpec, RunStatus
@@ -138,7 +139,7 @@ def _resolve_profile(
 ) -> tuple[ProfileVersion, dict[str, Any]]:
     """The profile version a reference names, and its recipe (shared: read it only)."""
     if ref.version is None:
-        from apps.profiles.selectors import profile_version_latest, profile_version_recipe
+        from apps.profiles.selectors import profile_version_latest
 
         version = profile_version_latest(org=org, name=ref.name)
         recipe = profile_version_recipe(profile_version=version)
@@ -336,7 +337,7 @@ def _admission_pin(*, org: Organization, request: dict[str, Any], body: Any, cac
         )
     # The judge's weights are pinned too (a checkpoint judge is resolved now, not per trial).
     judge_binding = None
-    if judge is not None and judge_recipe is not None:
+    if judge_recipe is not None:
         judge_model = judge_recipe.get("model")
         judge_binding = model_binding_resolve(org=org, binding=judge_model, field="judge") if judge_model else None
     return _Pins(dataset_version=dataset_version, pinned=pinned, judge=judge, judge_binding=judge_binding)
