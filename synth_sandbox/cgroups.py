@@ -23,8 +23,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -209,6 +211,14 @@ def make_plan(hierarchies: list[Hierarchy]) -> CgroupPlan:
     return CgroupPlan(by_controller=by_controller, tracking=tracking, freezer=freezer, problems=problems)
 
 
+@functools.cache
+def open_time_migration_checks() -> bool:
+    """Whether this kernel checks a write to cgroup.procs against the opener's credentials
+    and cgroup namespace (Linux 5.16, the fix for CVE-2021-4197), not the writer's."""
+    match = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    return match is not None and (int(match[1]), int(match[2])) >= (5, 16)
+
+
 def _write(path: Path, value: str) -> None:
     # cgroupfs files must be written in one write(2); Path.write_text does that for short values.
     with open(path, "w") as f:
@@ -301,6 +311,25 @@ class SandboxCgroup:
     def procs_files(self) -> list[Path]:
         """The cgroup.procs file of every hierarchy: a process joins by writing its pid to each."""
         return [d / "cgroup.procs" for d in self.dirs.values()]
+
+    @property
+    def cpu_procs_file(self) -> Path | None:
+        """The cpu hierarchy's cgroup.procs when an exec can join it last, from inside the
+        sandbox through a descriptor the host opened (see synth_sandbox.execs), so that the
+        platform's own helpers before the command do not spend the task's CPU quota.
+
+        Only where the cpu controller has a hierarchy of its own (cgroup v1): the tracking
+        hierarchy must hold every process of the exec from its first helper on, or a timeout
+        could miss one. And only on Linux 5.16 or later, which checks a migration against the
+        credentials the file was opened with, not the (unprivileged, capability-less) writer's.
+        """
+        cpu = self.plan.by_controller.get("cpu")
+        if cpu is None or cpu.version != 1 or not open_time_migration_checks():
+            return None
+        if any(h is not None and h.mountpoint == cpu.mountpoint for h in (self.plan.tracking, self.plan.freezer)):
+            return None
+        d = self.dirs.get(cpu.mountpoint)
+        return None if d is None else d / "cgroup.procs"
 
     def apply_limits(
         self,

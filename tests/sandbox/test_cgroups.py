@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from synth_sandbox import cgroups as cgroups_module
 from synth_sandbox.cgroups import SandboxCgroup, detect_hierarchies, make_plan
 
 
@@ -47,6 +50,29 @@ def test_hybrid_host_uses_v1_controllers_and_v2_for_tracking(tmp_path: Path) -> 
     assert (tmp_path / "pids/worker/synth-sandbox/sbx/pids.max").read_text() == "100"
     assert (tmp_path / "cpu,cpuacct/synth-sandbox/sbx/cpu.cfs_quota_us").read_text() == "150000"
     assert len(cg.procs_files) == 4  # memory, pids, cpu (v1) + cgroup2 for tracking; no freezer
+    # The v1 cpu hierarchy is not the tracking one: an exec joins it last, from inside.
+    cpu_procs = tmp_path / "cpu,cpuacct/synth-sandbox/sbx/cgroup.procs"
+    assert cg.cpu_procs_file == cpu_procs
+    exec_cg = cg.child("exec-1")  # tracked in its own cgroup2 child, the cpu share is the sandbox's
+    assert exec_cg.cpu_procs_file == cpu_procs
+    assert tmp_path / "unified/worker.service/synth-sandbox/sbx/exec-1/cgroup.procs" in exec_cg.procs_files
+
+
+def test_the_cpu_cgroup_is_joined_first_where_it_tracks_or_the_kernel_checks_the_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for d in ("cpu,cpuacct", "memory", "freezer", "pids", "unified"):
+        (tmp_path / d).mkdir(parents=True, exist_ok=True)
+    (tmp_path / "unified" / "cgroup.controllers").write_text("")
+    hybrid = detect_hierarchies(mountinfo=_mountinfo(tmp_path, v1=True, v2=True), proc_cgroup="")
+    only_cpu = [h for h in hybrid if h.mountpoint.name == "cpu,cpuacct"]
+    # Tracked in the cpu hierarchy itself (no other): every helper must be in it from the start.
+    plan = make_plan(only_cpu)
+    assert plan.tracking is not None and plan.tracking.mountpoint.name == "cpu,cpuacct"
+    assert SandboxCgroup.create(plan, "a").cpu_procs_file is None
+    # A kernel before 5.16 checks the writer's credentials: the sandbox's shell could not join.
+    monkeypatch.setattr(cgroups_module, "open_time_migration_checks", lambda: False)
+    assert SandboxCgroup.create(make_plan(hybrid), "b").cpu_procs_file is None
 
 
 def test_v2_only_host(tmp_path: Path) -> None:
@@ -71,6 +97,8 @@ def test_v2_only_host(tmp_path: Path) -> None:
     assert (sbx / "memory.swap.max").read_text() == "0"
     assert (sbx / "cpu.max").read_text() == "50000 100000"
     assert (sbx / "pids.max").read_text() == "512"
+    # cgroup v2: the cpu controller is in the tracking hierarchy, joined by the first helper.
+    assert cg.cpu_procs_file is None
 
 
 def test_no_cgroups_reports_why(tmp_path: Path) -> None:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import secrets
+import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -101,6 +106,43 @@ def test_cpu_quota_is_applied() -> None:
             )
             cpu_seconds = float(result.stdout.strip())
             assert cpu_seconds < 0.6, cpu_seconds
+
+    run(main())
+
+
+def _argv(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+    except OSError:
+        return []
+
+
+def test_an_exec_spends_the_cpu_quota_on_its_command_not_on_the_helpers_before_it() -> None:
+    async def main() -> None:
+        async with started_sandbox(limits=SandboxLimits(memory_mb=256, cpus=0.25)) as sb:
+            require_limit(sb, "cpus")
+            assert sb._cgroup is not None
+            cpu_procs = sb._cgroup.cpu_procs_file
+            if cpu_procs is None:
+                pytest.skip("the cpu controller is in the tracking hierarchy here: every helper is on the quota")
+            seconds = str(1000 + secrets.randbelow(10**6))  # sleep's own argument marks the command
+            running = asyncio.ensure_future(sb.exec(f"ls /proc/$$/fd; exec sleep {seconds}"))
+            while not (command := [p for p in sb.pids() if _argv(p) == [b"sleep", seconds.encode()]]):
+                await asyncio.sleep(0.02)
+            on_quota = {int(p) for p in cpu_procs.read_text().split()}
+            tracked = sb.pids()
+            # The command is on the task's CPU share and tracked; the exec's helper that waits
+            # for it (nsenter, on the host's side of the pid namespace) is tracked only.
+            assert set(command) <= on_quota and set(command) <= tracked
+            helpers = tracked - on_quota
+            assert helpers and all(_argv(p)[:1] and _argv(p)[0].endswith(b"nsenter") for p in helpers), [
+                _argv(p) for p in helpers
+            ]
+            os.kill(command[0], signal.SIGKILL)
+            result = await running
+            assert result.return_code == 137, result
+            # Neither the environment's memfd nor the cpu cgroup's descriptor reaches the command.
+            assert result.stdout.split() == ["0", "1", "2"], result
 
     run(main())
 
