@@ -9,7 +9,7 @@ from tinker import types
 
 from apps.proxy.samplers.base import SampleRequest
 from apps.proxy.samplers.local import LocalTorchSampler
-from apps.training.backends.local import LocalServiceClient, path_dir
+from apps.training.backends.local import LocalServiceClient, adapter_write, path_dir
 from apps.training.datums import Call, datums_to_tinker, trajectory_datums
 
 SPEC = {"tiny": True, "family": "qwen3", "seed": 0}
@@ -77,6 +77,21 @@ def test_saved_sampler_weights_serve_exactly_the_trainers_distribution(service):
     base_lp = base.completion_logprobs(prompt_ids=fresh.prompt_ids, completion_ids=fresh.output_ids)
     assert max(abs(x - y) for x, y in zip(base_lp, fresh.logprobs, strict=True)) > 1e-3
     assert served.snapshot()["adapter"].startswith("sha256:")
+
+
+def test_the_adapter_is_written_as_peft_writes_it_less_the_model_card(service, tmp_path):
+    client = service.create_lora_training_client("tiny", rank=4, seed=0).result()
+    call = _sampled(LocalTorchSampler.tiny(family="qwen3", seed=0), [1, 2, 3], seed=7)
+    client.forward_backward(_wire(call, 1.0), "importance_sampling").result()
+    client.optim_step(ADAM).result()  # trained weights, not the zero-initialised B matrices
+    model = client._model
+    model.save_pretrained(tmp_path / "peft", save_embedding_layers=False)
+    adapter_write(model=model, directory=tmp_path / "ours")
+    ours = {f.name: f.read_bytes() for f in (tmp_path / "ours").iterdir()}
+    peft = {f.name: f.read_bytes() for f in (tmp_path / "peft").iterdir()}
+    assert set(ours) == {"adapter_model.safetensors", "adapter_config.json"} == set(peft) - {"README.md"}
+    assert all(ours[name] == peft[name] for name in ours)
+    assert model.peft_config["default"].inference_mode is False  # the trainer's own config is left as it was
 
 
 def test_resuming_from_saved_state_continues_exactly(service):

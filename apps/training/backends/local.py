@@ -38,6 +38,7 @@ from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 LOCAL_SCHEME = "local://"
 META_FILE = "synth-trainer.json"
 OPTIMIZER_FILE = "optimizer.pt"
+ADAPTER_FILE = "adapter_model.safetensors"
 # Adapted projection names of the decoder architectures the local backend trains (Qwen3,
 # Llama-like). The unembedding is tied to the embedding in the tiny model; leave it frozen.
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
@@ -81,6 +82,35 @@ def _done(value: Any) -> AwaitableConcurrentFuture:
     future: cf.Future = cf.Future()
     future.set_result(value)
     return AwaitableConcurrentFuture(future)
+
+
+def adapter_write(*, model: Any, directory: Path) -> None:
+    """Write the model's LoRA adapter as PEFT's ``save_pretrained`` does (adapter_model.safetensors
+    and adapter_config.json, loadable by PEFT and vLLM) without its README model card: the card
+    is a hub artefact no checkpoint uses, and rendering it compiled a Jinja template on every
+    save, 25 of a save's 33 ms on the tiny model.
+
+    The unembedding is adapted by LoRA only; its (tied) base weights are the base model's, so
+    the adapter needs no copy of the embedding matrix."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    state = get_peft_model_state_dict(model, adapter_name="default", save_embedding_layers=False)
+    # safetensors takes neither aliased nor non-contiguous tensors; LoRA matrices are small.
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {k: v.detach().clone().contiguous() for k, v in state.items()}, str(directory / ADAPTER_FILE), {"format": "pt"}
+    )
+    base = model.get_base_model()
+    config = copy.copy(model.peft_config["default"])
+    config.inference_mode = True
+    if config.base_model_name_or_path is None:
+        config.base_model_name_or_path = getattr(base, "name_or_path", None) or None
+    # What PEFT records for a config without a task type (AutoPeftModel reads it).
+    mapping = None
+    if config.task_type is None:
+        mapping = {"base_model_class": type(base).__name__, "parent_library": type(base).__module__}
+    config.save_pretrained(str(directory), auto_mapping_dict=mapping)
 
 
 def _datum_loss(
@@ -236,9 +266,7 @@ class LocalTrainingClient:
     def _save(self, kind: str, name: str, with_optimizer: bool) -> str:
         directory = self._root / self.model_id / kind / name
         with self._lock:
-            # The unembedding is adapted by LoRA only; its (tied) base weights are the base
-            # model's, so the adapter needs no copy of the embedding matrix.
-            self._model.save_pretrained(directory, save_embedding_layers=False)
+            adapter_write(model=self._model, directory=directory)
             if with_optimizer:
                 torch.save(self._optimizer.state_dict(), directory / OPTIMIZER_FILE)
             (directory / META_FILE).write_text(json.dumps({"base": self._spec, "rank": self._rank}, sort_keys=True))
