@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from django.conf import settings
@@ -43,6 +44,7 @@ class LeaseKeeper(threading.Thread):
         self._halt = threading.Event()
         self._seq = 0
         self._seq_lock = threading.Lock()
+        self._beaten_at = time.monotonic()  # the last heartbeat that reached the database
 
     @property
     def should_stop(self) -> bool:
@@ -81,7 +83,14 @@ class LeaseKeeper(threading.Thread):
             db_fresh()
             result = lease_heartbeat(worker=self.worker, lease_id=self.lease.id, fence=self.lease.fence)
         except StaleLease:
-            logger.warning("lease %s is stale; stopping trial work", self.lease.id)
+            # How long since the last beat that landed tells a crash-free expiry (a stalled
+            # process or database) from a takeover.
+            logger.warning(
+                "lease %s is stale (last heartbeat %.1f s ago, TTL %s s); stopping trial work",
+                self.lease.id,
+                time.monotonic() - self._beaten_at,
+                settings.SYNTH_LEASE_TTL_SECONDS,
+            )
             self.lost.set()
             return True
         except TRANSIENT_DB_ERRORS as exc:
@@ -90,6 +99,7 @@ class LeaseKeeper(threading.Thread):
         except Exception:  # anything else: try again next beat, the TTL covers a few misses
             logger.exception("heartbeat of %s failed", self.lease.id)
             return False
+        self._beaten_at = time.monotonic()
         if result.cancel_requested:
             self.cancelled.set()
         return True

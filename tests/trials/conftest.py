@@ -19,6 +19,10 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
 
+# For the workers of a test that kills a worker and waits for its lease to expire.
+LOSE_LEASES_FAST = {"SYNTH_LEASE_TTL_SECONDS": "3"}
+
+
 class Stack:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
@@ -31,7 +35,11 @@ class Stack:
             "SYNTH_VAR_DIR": str(settings.VAR_DIR),
             "SYNTH_OBJECT_STORE": settings.SYNTH_OBJECT_STORE,
             "SYNTH_WORK_DIR": str(tmp / "work"),
-            "SYNTH_LEASE_TTL_SECONDS": "3",
+            # Long enough that a heartbeat delayed by a loaded machine (two test processes,
+            # sandboxes, a proxy and the database on two cores) never expires a live trial's
+            # lease: a test without a sweeper would then wait for ever. The tests of expiry
+            # itself ask for a short TTL (LOSE_LEASES_FAST).
+            "SYNTH_LEASE_TTL_SECONDS": "30",
             "SYNTH_SWEEP_INTERVAL": "1",
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         }

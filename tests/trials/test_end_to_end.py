@@ -12,7 +12,7 @@ from apps.datasets.services import dataset_import_dir
 from apps.profiles.services import profile_publish
 from apps.runs.models import Artifact, Run, RunEvent, Trial
 from tests.factories import make_dataset_of, make_task_version_unchecked
-from tests.trials.conftest import EXAMPLES, wait_for
+from tests.trials.conftest import EXAMPLES, LOSE_LEASES_FAST, wait_for
 
 pytestmark = [pytest.mark.slow]
 
@@ -230,7 +230,7 @@ def test_a_killed_worker_loses_its_lease_and_the_trial_runs_once_more(stack, ali
     )
     tv = make_task_version_unchecked(org=alice.org, path=slow, name="slowish")
     dsv = make_dataset_of(org=alice.org, name="slowish", version="1", task_versions=[tv])
-    first = stack.start_worker("first")
+    first = stack.start_worker("first", extra_env=LOSE_LEASES_FAST)
     run_id = submit(
         alice,
         dataset=dsv.reference,
@@ -244,7 +244,7 @@ def test_a_killed_worker_loses_its_lease_and_the_trial_runs_once_more(stack, ali
         stack=stack,
     )
     stack.kill(first)  # the whole worker, children included, mid-trial
-    stack.start_worker("second", beat=True)
+    stack.start_worker("second", beat=True)  # its sweeper expires the short lease of the first
     run = finished(run_id, stack, timeout=120)
     assert run.status == "succeeded", stack.logs()
     trial = Trial.objects.get(run_id=run_id)

@@ -52,6 +52,10 @@ class PrivateRedis:
         except redis.ConnectionError:
             return False
 
+    def queued(self, queue: str) -> int:
+        """Messages waiting in a Celery queue (a Redis list of that name)."""
+        return redis.Redis.from_url(self.url).llen(queue)
+
     def kill(self) -> None:
         if self.proc is not None:
             self.proc.kill()
@@ -138,6 +142,9 @@ def test_trials_a_broker_restart_lost_are_handed_over_again(stack, alice, tmp_pa
             what="the trials handed to the trials queue",
             stack=stack,
         )
+        # The messages are published after the commit that set queued_at: killed before they
+        # arrive, the publisher's retry would deliver them to the restarted broker.
+        wait_for(lambda: broker.queued("trials") == 2, timeout=60, what="the two trial messages", stack=stack)
         broker.kill()  # no persistence: the two trial messages are gone
         broker.start()
         # A worker whose broker drops while it holds unacknowledged messages exits (kombu's
