@@ -14,6 +14,8 @@ Side by side it prints the sandbox floor: the same number of bare sandboxes of t
 shape (limits, start, the agent's one command and the tests' one command, stop), run
 ``slots`` at a time with no Harbor, Django or database, and the CPU time the worker's process
 tree spent per trial. On a small host these bound what any trial scheduling can reach.
+PostgreSQL shares the host: its backends' CPU per trial (from /proc, as bench/proxy_load.py
+reads it) and the bench database's committed transactions per trial are printed too.
 """
 
 from __future__ import annotations
@@ -144,6 +146,18 @@ def sandbox_floor(*, n: int, slots: int) -> dict[str, float]:
     }
 
 
+def database_counts(url: str) -> tuple[int, int]:
+    """(transactions committed, sessions begun) in the bench database so far (pg_stat_database;
+    this query's own session counts once it ends)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT xact_commit, sessions FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
@@ -182,6 +196,7 @@ def main() -> None:
     from apps.profiles.services import profile_publish
     from apps.runs.models import Run, RunEvent, Trial
     from apps.runs.services import run_submit
+    from bench.proxy_load import PostgresCpu
 
     stamp = str(int(time.time()))
     org = org_get_or_create(slug=f"bench-{stamp}")
@@ -241,6 +256,11 @@ def main() -> None:
         time.sleep(3)  # the worker boots (imports Django, Harbor)
         idle_rss = tree_rss_mb(worker.pid)
         cpu_before = tree_cpu_s(worker.pid)
+        # Sampled coarsely: its backends live as long as the run (persistent connections), and
+        # a finer scan of /proc would take CPU from the worker it measures.
+        pg_cpu = PostgresCpu(database=url.rsplit("/", 1)[1], interval=0.5)
+        pg_cpu.start()
+        counts_before = database_counts(url)
         run, _ = run_submit(
             org=org,
             user=user,
@@ -257,6 +277,9 @@ def main() -> None:
             time.sleep(0.5)
         run.refresh_from_db()
         worker_cpu = tree_cpu_s(worker.pid) - cpu_before
+        pg_database_cpu, pg_server_cpu = pg_cpu.stop()
+        counts = database_counts(url)
+        commits, sessions = counts[0] - counts_before[0], counts[1] - counts_before[1] - 1
     finally:
         done.set()
         os.killpg(worker.pid, 15)
@@ -303,6 +326,13 @@ def main() -> None:
         f"worker CPU: {cpu_per_trial * 1000:.0f} ms per trial (its process tree: Harbor, Django, the sandboxes); "
         f"{os.cpu_count()} cores allow at most {60 * (os.cpu_count() or 1) / cpu_per_trial:,.0f} trials/min of it"
     )
+    n = max(1, len(trials))
+    print(
+        f"PostgreSQL: {pg_server_cpu * 1000 / n:.0f} ms CPU per trial (every process of the server, exited "
+        f"backends included; {pg_database_cpu * 1000 / n:.0f} ms in the bench database's backends sampled alive); "
+        f"{commits / n:.1f} committed transactions and {sessions / n:.2f} new connections per trial "
+        "(this process' polls included)"
+    )
     print(
         f"sandbox floor: {args.tasks} bare sandboxes of the same shape (start, 2 commands, stop), "
         f"{args.slots} at a time: {floor['per_min']:,.1f}/min, p50 {floor['wall_p50_s']:.2f} s, "
@@ -317,6 +347,9 @@ def main() -> None:
         "sandbox_setup_p50_ms": round(statistics.median(setup) * 1000),
         "admission_waits": waits,
         "worker_cpu_ms_per_trial": round(cpu_per_trial * 1000),
+        "pg_cpu_ms_per_trial": round(pg_server_cpu * 1000 / n),
+        "commits_per_trial": round(commits / n, 1),
+        "connections_per_trial": round(sessions / n, 2),
         "sandbox_floor_per_min": floor["per_min"],
         "sandbox_floor_wall_p50_s": floor["wall_p50_s"],
         "sandbox_floor_cpu_ms": floor["cpu_ms"],
