@@ -295,6 +295,12 @@ CELERY_TASK_SOFT_TIME_LIMIT = 60
 CELERY_TASK_TIME_LIMIT = 90
 CELERY_TASK_ALWAYS_EAGER = env_bool("SYNTH_CELERY_EAGER", False)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Celery's Django fixup closes every database connection before and after each task unless
+# told to reuse them: with kept connections (SYNTH_DB_CONN_MAX_AGE) every task then started
+# a PostgreSQL backend of its own (about one per trial on bench/trials_throughput.py). Kept
+# connections are reused, and Django's own age and health checks decide when one goes, run
+# around each task as around a request (synth_project.celery).
+CELERY_DB_REUSE_MAX = 2**62 if DATABASES["default"]["CONN_MAX_AGE"] != 0 else None
 # One beat process schedules these (deploy/: `-B` on one control worker, or the one
 # scheduler pod). The sweep reaps lapsed leases and re-drives what lost messages and dead
 # processes left behind (apps.runs.sweeper); the evidence sweep republishes staged calls.
