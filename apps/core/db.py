@@ -4,13 +4,17 @@ A worker holds its connection across a task that may run for hours. When the ser
 restarts (or a failover moves it), that connection is dead and the next query fails; an
 idempotent write is then worth repeating on a new connection instead of losing its work.
 ``db_retry`` does that for a bounded time (SYNTH_DB_RETRY_SECONDS); ``db_fresh`` is the
-cheap check before each phase.
+cheap check before each phase. ``db_side_run`` serves threads that come and go with a
+connection that stays.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
@@ -75,3 +79,44 @@ def db_retry[T](
         db_fresh()  # the caller's next query opens a new connection rather than hit this broken one
         raise
     raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
+
+
+# The process' side threads (db_side_run), one per lane, each made on first use. A forked
+# child has none of its parent's threads: it makes its own.
+_SIDE_THREAD = "db-side"
+_sides: dict[str, ThreadPoolExecutor] = {}
+_sides_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_sides.clear)
+
+
+def _side_call[T](call: Callable[[], T]) -> T:
+    db_fresh()
+    try:
+        return call()
+    finally:
+        # Past its age (at once when SYNTH_DB_CONN_MAX_AGE is 0, as a request's would be) or
+        # broken, the connection is closed now rather than kept idle until the next call.
+        db_fresh()
+
+
+def db_side_run[T](*, call: Callable[[], T], lane: str) -> T:
+    """Run ``call``, short database work, on this process' side thread for ``lane`` and
+    return (or raise) what it does.
+
+    For threads that come and go, such as a trial's lease keeper: a new thread's first query
+    opens a connection of its own, a PostgreSQL backend started, authenticated and warmed
+    only to be closed with the thread (1.4 of them per trial on bench/trials_throughput.py).
+    A side thread keeps its connection between calls as SYNTH_DB_CONN_MAX_AGE allows,
+    checked before each call. A lane's calls run one at a time, in the order they came, so
+    work that may wait long (a retried write) gets a lane of its own: a heartbeat must not
+    queue behind it."""
+    current = threading.current_thread().name
+    if current.startswith(f"{_SIDE_THREAD}-{lane}_"):
+        return _side_call(call)  # a call from the lane's own thread: waiting for itself would never end
+    with _sides_lock:
+        side = _sides.get(lane)
+        if side is None:
+            side = _sides[lane] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{_SIDE_THREAD}-{lane}")
+    return side.submit(_side_call, call).result()

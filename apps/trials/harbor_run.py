@@ -7,9 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from django.db import connections
-
-from apps.core.db import db_retry
+from apps.core.db import db_retry, db_side_run
 from apps.runs.evaluation import VERIFIER_ERROR
 from apps.runs.models import Trial, TrialStatus
 from apps.runs.settlement import TrialOutcome
@@ -53,11 +51,13 @@ def harbor_trial_run(
     )
 
     def revoke() -> None:
-        try:
-            if access is not None:
-                db_retry(write=lambda: model_access_close(access=access), what="credential revocation")
-        finally:
-            connections.close_all()  # this thread's own connection
+        # The boundary's thread lives for this one call: the write runs on the process' side
+        # thread for revocations and its kept connection, not on a new one of this thread's.
+        if access is not None:
+            db_side_run(
+                call=lambda: db_retry(write=lambda: model_access_close(access=access), what="credential revocation"),
+                lane="revocation",
+            )
 
     async def main() -> tuple[Any, bool, str | None]:
         harbor_trial = await HarborTrial.create(config)

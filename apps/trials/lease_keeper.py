@@ -14,10 +14,9 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.db import connections
 
 from apps.accounts.models import WorkerIdentity
-from apps.core.db import TRANSIENT_DB_ERRORS, db_fresh, db_retry
+from apps.core.db import TRANSIENT_DB_ERRORS, db_retry, db_side_run
 from apps.core.errors import StaleLease
 from apps.runs.leases import lease_heartbeat, lease_report
 from apps.runs.models import Lease
@@ -68,20 +67,21 @@ class LeaseKeeper(threading.Thread):
         )
 
     def run(self) -> None:
-        try:
-            wait = self.interval
-            while not self._halt.wait(wait):
-                wait = self.interval if self._beat() else min(self.interval, HEARTBEAT_RETRY_SECONDS)
-                if self.lost.is_set():
-                    return
-        finally:
-            connections.close_all()
+        wait = self.interval
+        while not self._halt.wait(wait):
+            wait = self.interval if self._beat() else min(self.interval, HEARTBEAT_RETRY_SECONDS)
+            if self.lost.is_set():
+                return
 
     def _beat(self) -> bool:
         """One heartbeat; False when it did not reach the database."""
         try:
-            db_fresh()
-            result = lease_heartbeat(worker=self.worker, lease_id=self.lease.id, fence=self.lease.fence)
+            # On the process' side thread and its kept connection: this thread lives as long
+            # as one trial, and a connection of its own would be a new backend per trial.
+            result = db_side_run(
+                call=lambda: lease_heartbeat(worker=self.worker, lease_id=self.lease.id, fence=self.lease.fence),
+                lane="heartbeat",
+            )
         except StaleLease:
             # How long since the last beat that landed tells a crash-free expiry (a stalled
             # process or database) from a takeover.

@@ -99,3 +99,99 @@ def test_inside_a_transaction_it_runs_once() -> None:
 
         db_retry(write=write, what="test write", seconds=10)
     assert len(calls) == 1
+
+
+# --------------------------------------------------------------------------- db_side_run
+
+
+@pytest.fixture
+def kept_connections(monkeypatch):
+    """Connections kept between uses (SYNTH_DB_CONN_MAX_AGE 60, as the workers deploy); the
+    side threads' are closed again after the test, so none outlives the test database."""
+    from django.db import connections
+
+    from apps.core.db import db_side_run
+
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 60)
+    lanes = {"test-a", "test-b"}
+    yield lanes
+    for lane in lanes:
+        db_side_run(call=connections.close_all, lane=lane)
+
+
+def _backend() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def _in_a_new_thread(fn):
+    import threading
+
+    out = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except Exception as exc:  # noqa: BLE001 - handed to the caller
+            out["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(60)
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def test_short_lived_threads_share_the_side_threads_kept_connection(kept_connections) -> None:
+    from apps.core.db import db_side_run
+
+    first = _in_a_new_thread(lambda: db_side_run(call=_backend, lane="test-a"))
+    second = _in_a_new_thread(lambda: db_side_run(call=_backend, lane="test-a"))
+    assert first == second  # one backend for both threads: none was started for the second
+    assert first != _backend()  # not the caller's connection
+    assert db_side_run(call=_backend, lane="test-b") != first  # a lane has its own
+
+
+def test_without_kept_connections_a_side_call_leaves_none_open() -> None:
+    from django.db import connections
+
+    from apps.core.db import db_side_run
+
+    assert connection.settings_dict["CONN_MAX_AGE"] == 0
+    db_side_run(call=_backend, lane="test-a")
+    assert db_side_run(call=lambda: connections["default"].connection, lane="test-a") is None
+
+
+def test_a_side_call_returns_and_raises_what_its_call_does(kept_connections) -> None:
+    from apps.core.db import db_side_run
+
+    assert db_side_run(call=lambda: Organization.objects.create(slug="side").slug, lane="test-a") == "side"
+    with pytest.raises(IntegrityError):
+        db_side_run(call=lambda: Organization.objects.create(slug="side"), lane="test-a")
+    # The failed statement did not leave the kept connection unusable.
+    assert db_side_run(call=lambda: Organization.objects.filter(slug="side").count(), lane="test-a") == 1
+
+
+def test_a_lane_does_not_wait_behind_another(kept_connections) -> None:
+    """The call in lane a waits for an event only a call in lane b sets: with one thread
+    for both lanes it would wait out its bound and report False."""
+    import threading
+
+    from apps.core.db import db_side_run
+
+    set_by_b = threading.Event()
+    results = {}
+    a = threading.Thread(target=lambda: results.update(a=db_side_run(call=lambda: set_by_b.wait(60), lane="test-a")))
+    a.start()
+    db_side_run(call=set_by_b.set, lane="test-b")
+    a.join(90)
+    assert results == {"a": True}
+
+
+def test_a_call_from_the_lanes_own_thread_runs_in_place(kept_connections) -> None:
+    from apps.core.db import db_side_run
+
+    outer = db_side_run(call=lambda: (_backend(), db_side_run(call=_backend, lane="test-a")), lane="test-a")
+    assert outer[0] == outer[1]
