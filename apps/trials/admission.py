@@ -22,6 +22,8 @@ timeout, so that a lapsed lease or a cancel is noticed without a notification; o
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -203,21 +205,91 @@ def _freed_notify(*, node_id: str) -> None:
         cursor.execute("SELECT pg_notify(%s, %s)", [FREED_CHANNEL, node_id])
 
 
+class _KeptListener:
+    """The LISTEN connection a process keeps between its waits, as long as
+    SYNTH_DB_CONN_MAX_AGE keeps its other connections (none when that is 0): a wait
+    started on a new connection cost a PostgreSQL backend's start for each waiting trial."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.conn: Any = None
+        self.opened = 0.0
+        self.pid = os.getpid()
+        # Connections a forked child inherited: never used, never closed (closing would end
+        # the parent's session on the socket they share), only kept from being collected.
+        self.inherited: list[Any] = []
+
+    @staticmethod
+    def _max_age() -> float | None:
+        """Django's CONN_MAX_AGE: seconds, 0 (close after use) or None (no limit)."""
+        return connection.settings_dict.get("CONN_MAX_AGE", 0)
+
+    def take(self) -> tuple[Any, float]:
+        """The kept connection and when it was opened, if one is live and young enough
+        (else None); the caller owns it until it gives it back."""
+        with self.lock:
+            if self.pid != os.getpid():
+                self.inherited.append(self.conn)
+                self.conn, self.pid = None, os.getpid()
+            conn, opened, self.conn = self.conn, self.opened, None
+        max_age = self._max_age()
+        if conn is not None and (conn.closed or (max_age is not None and time.monotonic() - opened > max_age)):
+            conn.close()
+            conn = None
+        return conn, opened
+
+    def give_back(self, conn: Any, *, opened: float) -> bool:
+        """Keep ``conn`` for the next wait (True), or leave it to the caller to close."""
+        if self._max_age() == 0 or conn.closed or self.pid != os.getpid():
+            return False
+        with self.lock:
+            if self.conn is not None:
+                return False
+            self.conn, self.opened = conn, opened
+        return True
+
+
+_kept = _KeptListener()
+
+
+def kept_listener_close() -> None:
+    """Close the process' kept LISTEN connection, if any (a process that ends; tests)."""
+    conn, _ = _kept.take()
+    if conn is not None:
+        conn.close()
+
+
 class FreedWake:
     """A waiting trial's ear for freed reservations on its node: a LISTEN on a dedicated
     connection (PostgreSQL), or nothing but the timeout (SQLite, or when the connection
     cannot be opened: the wait degrades to the poll it replaces). Open it before the try
-    whose failure leads to a wait, so that a release committed in between is not missed."""
+    whose failure leads to a wait, so that a release committed in between is not missed.
+
+    The connection is the process' kept one when it has one (_KeptListener): what it heard
+    before this wait began is dropped first, so only releases from here on wake it."""
 
     def __init__(self, *, node_name: str) -> None:
         self.node_name = node_name
         self._conn: Any = None
+        self._opened = 0.0
         if connection.vendor != "postgresql":
             return
         import psycopg
 
-        db = connection.settings_dict
+        self._conn, self._opened = _kept.take()
+        if self._conn is not None:
+            try:
+                # A round trip first: it proves the kept connection alive, and every notice
+                # of a release committed before it arrives ahead of its answer. Those
+                # releases the next try sees; only later ones may wake this wait.
+                self._conn.execute("SELECT 1")
+                while any(True for _ in self._conn.notifies(timeout=0)):
+                    pass
+                return
+            except psycopg.Error:
+                self._discard()  # it died (a database restart): listen on a new one
         try:
+            db = connection.settings_dict
             self._conn = psycopg.connect(
                 dbname=db["NAME"],
                 user=db["USER"] or None,
@@ -227,10 +299,11 @@ class FreedWake:
                 autocommit=True,
                 connect_timeout=5,
             )
+            self._opened = time.monotonic()
             self._conn.execute(f"LISTEN {FREED_CHANNEL}")
         except psycopg.Error:
             logger.warning("cannot LISTEN for freed reservations; polling instead", exc_info=True)
-            self.close()
+            self._discard()
 
     def wait(self, *, timeout: float) -> bool:
         """Block until a reservation of this node is freed (True) or ``timeout`` passes."""
@@ -247,15 +320,20 @@ class FreedWake:
                         return True
         except psycopg.Error:
             logger.warning("lost the LISTEN connection for freed reservations; polling instead", exc_info=True)
-            self.close()
+            self._discard()
         return False
 
-    def close(self) -> None:
+    def _discard(self) -> None:
         if self._conn is not None:
             try:
                 self._conn.close()
             finally:
                 self._conn = None
+
+    def close(self) -> None:
+        if self._conn is not None and not _kept.give_back(self._conn, opened=self._opened):
+            self._discard()
+        self._conn = None
 
     def __enter__(self) -> FreedWake:
         return self

@@ -136,3 +136,59 @@ def test_a_release_on_another_node_does_not_wake(trials, node):
     with FreedWake(node_name=node.name) as wake:
         admission_release(reservation=reservation)
         assert wake.wait(timeout=0.5) is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_process_keeps_its_listen_connection_between_waits_and_hears_only_what_is_new(trials, node, monkeypatch):
+    """With kept connections (SYNTH_DB_CONN_MAX_AGE > 0, as workers deploy) the next waiting
+    trial of the process listens on the same backend, and a release it did not wait for (one
+    committed between two waits) does not wake it: the try before its wait saw that one."""
+    from django.db import connection
+
+    from apps.trials.admission import FreedWake, kept_listener_close
+
+    if connection.vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 60)
+    reservations = [admission_request(node=node, trial=t, need=HEAVY) for t in trials[:3]]
+    assert [admission_try(reservation=r) for r in reservations] == [True, True, False]
+    try:
+        with FreedWake(node_name=node.name) as wake:
+            backend = wake._conn.info.backend_pid
+        admission_release(reservation=reservations[0])  # heard by the kept connection, unwaited
+        with FreedWake(node_name=node.name) as wake:
+            assert wake._conn.info.backend_pid == backend
+            assert wake.wait(timeout=0.2) is False  # the earlier release does not wake this wait
+            admission_release(reservation=reservations[1])
+            assert wake.wait(timeout=300) is True
+    finally:
+        kept_listener_close()
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 0)
+    with FreedWake(node_name=node.name) as wake:
+        conn = wake._conn
+    assert conn.closed  # not kept: closed with its wait
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_kept_listen_connection_the_server_ended_is_replaced(trials, node, monkeypatch):
+    import psycopg
+    from django.db import connection
+
+    from apps.trials.admission import FreedWake, kept_listener_close
+
+    if connection.vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 60)
+    reservations = [admission_request(node=node, trial=t, need=HEAVY) for t in trials[:3]]
+    assert [admission_try(reservation=r) for r in reservations] == [True, True, False]
+    try:
+        with FreedWake(node_name=node.name) as wake:
+            backend = wake._conn.info.backend_pid
+        with connection.cursor() as cursor:  # what a database restart does to it
+            cursor.execute("SELECT pg_terminate_backend(%s, 30000)", [backend])  # returns once it is gone
+        with FreedWake(node_name=node.name) as wake:
+            assert isinstance(wake._conn, psycopg.Connection) and wake._conn.info.backend_pid != backend
+            admission_release(reservation=reservations[0])
+            assert wake.wait(timeout=300) is True
+    finally:
+        kept_listener_close()
