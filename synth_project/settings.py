@@ -437,6 +437,11 @@ SYNTH_PROXY_LOOKUP_CHECK_SECONDS = env_float("SYNTH_PROXY_LOOKUP_CHECK_SECONDS",
 # expired token, a removed member or a disabled worker is refused within this), and the
 # versions a run submission pins (apps.runs.pins). 0: read them on every request.
 SYNTH_API_LOOKUP_CHECK_SECONDS = env_float("SYNTH_API_LOOKUP_CHECK_SECONDS", 0.5, minimum=0.0)
+# How long a trials worker's process serves its node row (the budget it registered, its
+# last-seen time) and its worker identity from memory before it reads and registers them
+# again (apps.trials.admission.node_current); each trial's claim read and wrote them. 0: for
+# every trial.
+SYNTH_WORKER_LOOKUP_CHECK_SECONDS = env_float("SYNTH_WORKER_LOOKUP_CHECK_SECONDS", 30.0, minimum=0.0)
 # Seconds between pings while a stream waits for the sampler (Claude Code aborts a stream idle 300 s).
 SYNTH_PROXY_PING_SECONDS = env_float("SYNTH_PROXY_PING_SECONDS", 10.0, minimum=0.1)
 # The prefix cache: conversations kept, and their approximate total size in bytes.

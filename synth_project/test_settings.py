@@ -29,10 +29,12 @@ if (
             raise RuntimeError(f"no Redis database left for test worker {_worker} below {_db}")
         os.environ["CELERY_BROKER_URL"] = f"{_base}/{int(_db) - int(_worker[2:])}"
 # Rows are rewritten between and within tests: the proxy and the API read credentials,
-# routes and pinned versions on every call unless a test turns their caches on
+# routes and pinned versions (a trials worker its node and identity) on every call unless a
+# test turns their caches on
 # (tests/proxy/test_lookups.py, tests/accounts/test_cached_lookups.py).
 os.environ.setdefault("SYNTH_PROXY_LOOKUP_CHECK_SECONDS", "0")
 os.environ.setdefault("SYNTH_API_LOOKUP_CHECK_SECONDS", "0")
+os.environ.setdefault("SYNTH_WORKER_LOOKUP_CHECK_SECONDS", "0")
 os.environ.setdefault("SYNTH_VAR_DIR", tempfile.mkdtemp(prefix="synth-test-var-"))
 
 from synth_project.settings import *  # noqa: E402,F403

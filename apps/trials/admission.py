@@ -34,10 +34,13 @@ from django.db import connection, transaction
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
+from apps.accounts.models import WorkerIdentity
+from apps.accounts.services import worker_get_or_create
 from apps.core.errors import ServiceError
 from apps.core.process import process_alive, process_identity
 from apps.runs.models import Lease, LeaseStatus, Reservation, ReservationStatus, Trial, WorkerNode
 from apps.runs.transitions import reservation_transition
+from synth_common.fresh_cache import FreshCache
 
 logger = logging.getLogger(__name__)
 
@@ -81,17 +84,38 @@ def node_register(*, name: str, budget: Budget) -> WorkerNode:
     return node
 
 
+# This process' node and worker identity, read (and the node registered) again once older
+# than SYNTH_WORKER_LOOKUP_CHECK_SECONDS: the budget is the process' own settings (another
+# budget is another key, registered at once) and seen_at is for the admin's eyes.
+_nodes: FreshCache[tuple[str, Budget], WorkerNode] = FreshCache(
+    maxsize=4, check_seconds=lambda: settings.SYNTH_WORKER_LOOKUP_CHECK_SECONDS
+)
+_workers: FreshCache[str, WorkerIdentity] = FreshCache(
+    maxsize=4, check_seconds=lambda: settings.SYNTH_WORKER_LOOKUP_CHECK_SECONDS
+)
+
+
 def node_current() -> WorkerNode:
-    """This worker's node, registered with the budget its settings give it."""
-    return node_register(
-        name=settings.SYNTH_WORKER_NAME,
-        budget=Budget(
-            slots=settings.SYNTH_WORKER_SLOTS,
-            cpus=settings.SYNTH_WORKER_CPUS,
-            memory_mb=settings.SYNTH_WORKER_MEMORY_MB,
-            storage_mb=settings.SYNTH_WORKER_STORAGE_MB,
-        ),
+    """This worker's node, registered with the budget its settings give it. Read-only: the
+    row is shared by the process' trials while it is fresh."""
+    name = settings.SYNTH_WORKER_NAME
+    budget = Budget(
+        slots=settings.SYNTH_WORKER_SLOTS,
+        cpus=settings.SYNTH_WORKER_CPUS,
+        memory_mb=settings.SYNTH_WORKER_MEMORY_MB,
+        storage_mb=settings.SYNTH_WORKER_STORAGE_MB,
     )
+    node = _nodes.read_through((name, budget), read=lambda: node_register(name=name, budget=budget))
+    assert node is not None  # node_register always returns one
+    return node
+
+
+def node_worker(*, node: WorkerNode) -> WorkerIdentity:
+    """The worker identity the node's trials claim their leases as (shared, read-only)."""
+    name = f"trials@{node.name}"
+    worker = _workers.read_through(name, read=lambda: worker_get_or_create(name=name))
+    assert worker is not None  # worker_get_or_create always returns one
+    return worker
 
 
 def trial_need(*, trial: Trial, plan: dict[str, Any]) -> Need:

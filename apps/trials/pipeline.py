@@ -27,7 +27,6 @@ from typing import Any
 from django.conf import settings
 
 from apps.accounts.models import WorkerIdentity
-from apps.accounts.services import worker_get_or_create
 from apps.core.db import TRANSIENT_DB_ERRORS, db_retry
 from apps.core.errors import NotFound, StaleLease
 from apps.datasets.services import task_version_materialize
@@ -43,6 +42,7 @@ from apps.trials.admission import (
     admission_try,
     node_current,
     node_usage,
+    node_worker,
     trial_need,
 )
 from apps.trials.harbor_run import harbor_trial_run
@@ -194,7 +194,7 @@ def _attempt_outcome(*, held: HeldTrial, work_root: Path) -> TrialOutcome | None
 def _claim(*, trial_id: str) -> HeldTrial | None:
     """Claim the trial's lease (None when it is settled or held by another)."""
     node = db_retry(write=node_current, what="worker node")
-    worker = db_retry(write=lambda: worker_get_or_create(name=f"trials@{node.name}"), what="worker identity")
+    worker = db_retry(write=lambda: node_worker(node=node), what="worker identity")
     # A claim whose commit was not acknowledged looks held on a repeat: the lease then
     # lapses unused and the reaper hands the trial out again.
     lease = db_retry(
@@ -415,6 +415,9 @@ def _record(*, held: HeldTrial, outcome: TrialOutcome) -> None:
         what=f"result of {held.trial.id}",
         committed=lambda: Lease.objects.filter(pk=lease.id, fence=lease.fence, status=LeaseStatus.COMPLETED).exists(),
     )
+    # The completion released the lease's reservations in its transaction: nothing is left
+    # for the clean-up to give back (it would lock the run only to find that out).
+    held.reservation = None
 
 
 # --------------------------------------------------------------------------- endings and clean-up

@@ -192,3 +192,27 @@ def test_a_kept_listen_connection_the_server_ended_is_replaced(trials, node, mon
             assert wake.wait(timeout=300) is True
     finally:
         kept_listener_close()
+
+
+def test_a_worker_process_reads_its_node_and_identity_once_while_fresh(settings, django_assert_num_queries):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.runs.models import WorkerNode
+    from apps.trials.admission import node_current, node_worker
+
+    settings.SYNTH_WORKER_LOOKUP_CHECK_SECONDS = 60  # fresh for the whole test
+    settings.SYNTH_WORKER_NAME = "cached-node"
+    settings.SYNTH_WORKER_SLOTS = 3
+    first = node_current()
+    worker = node_worker(node=first)
+    with django_assert_num_queries(0):  # each claim read and wrote both before
+        assert node_current().pk == first.pk
+        assert node_worker(node=first).pk == worker.pk
+    settings.SYNTH_WORKER_SLOTS = 5  # another budget is registered at once, not when stale
+    assert node_current().slots == 5
+    assert WorkerNode.objects.get(pk="cached-node").slots == 5
+    settings.SYNTH_WORKER_LOOKUP_CHECK_SECONDS = 0  # off: read and registered every time
+    with CaptureQueriesContext(connection) as registered:
+        node_current()
+    assert any(q["sql"].startswith("UPDATE") for q in registered.captured_queries)
