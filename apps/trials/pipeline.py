@@ -194,7 +194,9 @@ def _attempt_outcome(*, held: HeldTrial, work_root: Path) -> TrialOutcome | None
 def _claim(*, trial_id: str) -> HeldTrial | None:
     """Claim the trial's lease (None when it is settled or held by another)."""
     node = db_retry(write=node_current, what="worker node")
+    assert node is not None  # no commit to confirm: db_retry returns what node_current did
     worker = db_retry(write=lambda: node_worker(node=node), what="worker identity")
+    assert worker is not None
     # A claim whose commit was not acknowledged looks held on a repeat: the lease then
     # lapses unused and the reaper hands the trial out again.
     lease = db_retry(
