@@ -47,6 +47,9 @@ def _backends(*, max_age: str) -> list[int]:
         "DJANGO_SETTINGS_MODULE": "synth_project.settings",
         "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
         "SYNTH_DB_CONN_MAX_AGE": max_age,
+        # A worker's settings, even when this test process imported the proxy's app before
+        # (it marks the environment: its connections come from a pool).
+        "SYNTH_PROXY_PROCESS": "false",
     }
     out = subprocess.run([sys.executable, "-c", TASKS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
