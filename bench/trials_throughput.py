@@ -296,7 +296,8 @@ def main() -> None:
         if (t.timings or {}).get("environment_setup") and "seconds" in t.timings["environment_setup"]
     ]
     walls = [(t.finished_at - t.started_at).total_seconds() for t in trials if t.started_at and t.finished_at]
-    waits = RunEvent.objects.filter(run=run, type="admission.waiting").count()
+    # Every trial that waited has its grant's event (a long wait is announced too).
+    waits = RunEvent.objects.filter(run=run, type="admission.granted").count()
     reserved_peak = max(
         (e.data["usage"]["memory_mb"] for e in RunEvent.objects.filter(run=run, type__startswith="admission.")),
         default=0,

@@ -302,7 +302,9 @@ def trial_complete(*, worker: WorkerIdentity, lease: Lease, trial_id: str, outco
             error_message=outcome.error_message,
             timings=outcome.timings,
         )
-    transaction.on_commit(lambda: trials_enqueue(run_id=run.id))
+        # The next trials are handed over in the same transaction (the run is locked already;
+        # their messages go once it commits), not in a second one after it.
+        trials_enqueue(run_id=run.id)
 
 
 # --------------------------------------------------------------------------- lapse and reaper

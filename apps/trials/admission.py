@@ -31,7 +31,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
 
 from apps.accounts.models import WorkerIdentity
@@ -194,7 +194,7 @@ def admission_try(*, reservation: Reservation) -> bool:
         # The node row lock serializes admission decisions on one node.
         node = WorkerNode.objects.select_for_update().get(pk=reservation.node_id)
         _dead_leases_release(node=node)
-        current = Reservation.objects.get(pk=reservation.pk)
+        current = Reservation.objects.annotate(trial_run_id=F("trial__run_id")).get(pk=reservation.pk)
         if current.status != ReservationStatus.WAITING:
             return current.status == ReservationStatus.HELD
         usage = node_usage(node=node)
@@ -208,7 +208,9 @@ def admission_try(*, reservation: Reservation) -> bool:
         for waiting in Reservation.objects.filter(node=node, status=ReservationStatus.WAITING).order_by("id"):
             if _fits(free, waiting):
                 if waiting.pk == current.pk:
-                    return reservation_transition(reservation=current, to=ReservationStatus.HELD)
+                    return reservation_transition(
+                        reservation=current, to=ReservationStatus.HELD, run_id=current.trial_run_id
+                    )
                 # An earlier reservation fits: it will take these resources when it polls.
                 free["slots"] -= 1
                 free["cpus"] -= waiting.cpus
@@ -380,7 +382,7 @@ def reservations_release(*, lease: Lease, why: str) -> int:
     released: list[str] = [
         r.node_id
         for r in Reservation.objects.filter(lease=lease, status__in=OPEN)
-        if reservation_transition(reservation=r, to=ReservationStatus.RELEASED, why=why)
+        if reservation_transition(reservation=r, to=ReservationStatus.RELEASED, why=why, run_id=lease.run_id)
     ]
     for node_id in sorted(set(released)):
         _freed_notify(node_id=node_id)

@@ -110,6 +110,10 @@ def _sanitize_git(*, plan: dict[str, Any], task_dir: Path) -> bool:
     """The plan's setting, else the task's (task.toml ``[metadata] sanitize_git``)."""
     if plan.get("sanitize_git") is not None:
         return bool(plan["sanitize_git"])
-    from harbor.models.task.task import Task as HarborTask
+    from harbor.models.task.config import TaskConfig
+    from harbor.models.task.paths import TaskPaths
 
-    return HarborTask(task_dir).config.metadata.get("sanitize_git") is True
+    # Its task.toml alone, as Harbor's Task reads it: a whole Task also walks and checks every
+    # file of the task, which the launch plan's Task and Harbor's own do again.
+    config = TaskConfig.model_validate_toml(TaskPaths(task_dir).config_path.read_text())
+    return config.metadata.get("sanitize_git") is True

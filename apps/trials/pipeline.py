@@ -234,13 +234,22 @@ def _admit(*, held: HeldTrial, need: Need) -> list[tuple[str, dict[str, Any]]]:
             TrialOutcome(status=TrialStatus.FAILED, error_type="ResourcesExceedBudget", error_message=exc.message)
         ) from exc
     held.reservation = reservation
-    waited_since = None
+    waited_since = 0.0
+    announced = False
     wake: FreedWake | None = None
     try:
         while not db_retry(write=lambda: admission_try(reservation=reservation), what=f"admission of {trial.id}"):
             first = wake is None
             if first:
                 waited_since = time.monotonic()
+                # Listening from here on, the next try sees every release committed before it
+                # and the wait after it is ended by any release committed later.
+                wake = FreedWake(node_name=node.name)
+            elif not announced and time.monotonic() - waited_since >= ADMISSION_POLL_SECONDS:
+                # A wait that lasts is announced while it lasts, for whoever watches the run;
+                # the common short one (a slot freed while this trial was being claimed) is
+                # recorded by its grant alone, without the round trips of a report.
+                announced = True
                 usage = db_retry(write=lambda: node_usage(node=node), what="node usage")
                 keeper.report(
                     {
@@ -248,9 +257,6 @@ def _admit(*, held: HeldTrial, need: Need) -> list[tuple[str, dict[str, Any]]]:
                         "data": {"trial": trial.id, "node": node.name, "need": need.as_dict(), "usage": usage},
                     },
                 )
-                # Listening from here on, the next try sees every release committed before it
-                # and the wait after it is ended by any release committed later.
-                wake = FreedWake(node_name=node.name)
             if keeper.should_stop:
                 break
             if not first and wake is not None:
@@ -267,7 +273,7 @@ def _admit(*, held: HeldTrial, need: Need) -> list[tuple[str, dict[str, Any]]]:
                 error_message="cancelled while waiting for resources",
             )
         )
-    if waited_since is None:
+    if wake is None:
         return []
     usage = db_retry(write=lambda: node_usage(node=node), what="node usage")
     waited = round(time.monotonic() - waited_since, 3)
