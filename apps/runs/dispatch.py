@@ -35,7 +35,7 @@ def run_dispatch(*, run_id: str) -> int:
     """Expand a queued run into sampling groups and trials and start it. Returns the
     number of trials made; 0 when there was nothing to do (safe to run twice)."""
     with transaction.atomic():
-        run = Run.objects.select_for_update(of=("self",)).select_related("spec").get(pk=run_id)
+        run = Run.objects.select_for_update(no_key=True, of=("self",)).select_related("spec").get(pk=run_id)
         if run.status != RunStatus.QUEUED or run.trials.exists():
             return 0
         spec = run.spec
@@ -208,7 +208,7 @@ def _batch_groups_add(
     """Groups for ``step`` in one transaction with the run's row lock: a new batch (the step
     must not exist yet) or, ``extend``, more groups for an existing one (its tasks left out)."""
     with transaction.atomic():
-        run = Run.objects.select_for_update(of=("self",)).get(pk=run_id)
+        run = Run.objects.select_for_update(no_key=True, of=("self",)).get(pk=run_id)
         # The step's groups so far (none for a new batch): an extension leaves their tasks
         # out, and its groups continue the actors' round-robin after them.
         taken = set(run.groups.filter(step=step).values_list("position", flat=True))
@@ -250,7 +250,7 @@ def trials_enqueue(*, run_id: str) -> list[str]:
     from apps.trials.tasks import trial_execute_task
 
     with transaction.atomic():
-        run = Run.objects.select_for_update(of=("self",)).select_related("spec").get(pk=run_id)
+        run = Run.objects.select_for_update(no_key=True, of=("self",)).select_related("spec").get(pk=run_id)
         if run.status != RunStatus.RUNNING:
             return []
         limit = run.spec.plan.get("max_concurrency", 8)

@@ -76,7 +76,7 @@ def lease_claim(*, worker: WorkerIdentity, unit: str = "run") -> Lease | None:
             candidates = candidates.filter(org_id=worker.org_id)
         # SKIP LOCKED: concurrent claimers take different runs instead of queueing behind
         # one another (a no-op on SQLite, where writers are serialized anyway).
-        run = candidates.select_for_update(skip_locked=True).order_by("id").first()
+        run = candidates.select_for_update(no_key=True, skip_locked=True).order_by("id").first()
         if run is None:
             return None
         lease = lease_create(run=run, unit=unit, worker=worker, now=now)
@@ -100,12 +100,18 @@ def trial_claim(*, worker: WorkerIdentity, trial_id: str, node_name: str) -> Lea
         run_id = Trial.objects.filter(pk=trial_id).values_list("run_id", flat=True).first()
         if run_id is None:
             return None
-        run = Run.objects.select_for_update(of=("self",)).select_related("spec").get(pk=run_id)
-        trial = Trial.objects.select_for_update(of=("self",)).select_related("group", "task_version").get(pk=trial_id)
+        run = Run.objects.select_for_update(no_key=True, of=("self",)).select_related("spec").get(pk=run_id)
+        trial = (
+            Trial.objects.select_for_update(no_key=True, of=("self",))
+            .select_related("group", "task_version")
+            .get(pk=trial_id)
+        )
         if trial.is_terminal:
             return None
         unit = trial_unit(trial.id)
-        active = Lease.objects.select_for_update().filter(run=run, unit=unit, status=LeaseStatus.ACTIVE).first()
+        active = (
+            Lease.objects.select_for_update(no_key=True).filter(run=run, unit=unit, status=LeaseStatus.ACTIVE).first()
+        )
         if active is not None:
             if active.expires_at > now:
                 return None  # a duplicate delivery: the holder is alive
@@ -144,8 +150,8 @@ def _locked_active_lease(*, lease_id: str, fence: int, worker: WorkerIdentity) -
     lease = Lease.objects.filter(pk=lease_id, worker=worker).only("run_id").first()
     if lease is None:
         raise NotFound(f"lease {lease_id} not found")
-    run = Run.objects.select_for_update().get(pk=lease.run_id)
-    lease = Lease.objects.select_for_update().get(pk=lease_id)
+    run = Run.objects.select_for_update(no_key=True).get(pk=lease.run_id)
+    lease = Lease.objects.select_for_update(no_key=True).get(pk=lease_id)
     _lease_check(lease=lease, fence=fence)
     return run, lease
 
@@ -271,7 +277,7 @@ def trial_mark_running(
     with transaction.atomic():
         run, _ = _locked_active_lease(lease_id=lease.id, fence=lease.fence, worker=worker)
         events_append(run_id=run.id, events=list(events))
-        trial = Trial.objects.select_for_update().get(pk=trial_id)
+        trial = Trial.objects.select_for_update(no_key=True).get(pk=trial_id)
         if not trial_transition(
             trial=trial,
             to=TrialStatus.RUNNING,
@@ -292,7 +298,9 @@ def trial_complete(*, worker: WorkerIdentity, lease: Lease, trial_id: str, outco
         run, locked = _locked_active_lease(lease_id=lease.id, fence=lease.fence, worker=worker)
         lease_transition(lease=locked, to=LeaseStatus.COMPLETED, event="lease.completed")
         reservations_release(lease=locked, why="its trial ended")
-        trial = Trial.objects.select_for_update(of=("self",)).select_related("task_version").get(pk=trial_id)
+        trial = (
+            Trial.objects.select_for_update(no_key=True, of=("self",)).select_related("task_version").get(pk=trial_id)
+        )
         trial_settle(
             run=run,
             trial=trial,
@@ -341,7 +349,7 @@ def trial_lease_lapsed(*, run: Run, lease: Lease) -> bool:
     """The reaper's decision for a trial whose worker vanished: run it again (the plan's
     on_lost/max_retries) or mark it lost. Caller holds the run and lease locks."""
     trial = (
-        Trial.objects.select_for_update(of=("self",))
+        Trial.objects.select_for_update(no_key=True, of=("self",))
         .select_related("task_version")
         .get(pk=lease.unit.removeprefix("trial:"))
     )
@@ -401,8 +409,8 @@ def leases_reap(*, now: Any = None, limit: int = 500) -> list[tuple[str, str]]:
     )
     for lease_id, run_id in lapsed:
         with transaction.atomic():
-            run = Run.objects.select_for_update(of=("self",)).select_related("spec").get(pk=run_id)
-            lease = Lease.objects.select_for_update().get(pk=lease_id)
+            run = Run.objects.select_for_update(no_key=True, of=("self",)).select_related("spec").get(pk=run_id)
+            lease = Lease.objects.select_for_update(no_key=True).get(pk=lease_id)
             if lease_lapse(run=run, lease=lease, now=now):
                 reaped.append((run_id, lease_id))
     if reaped:

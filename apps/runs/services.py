@@ -474,7 +474,7 @@ def run_schedule(*, run_id: str) -> Run:
     and every task package of the dataset version is a committed, verified object.
     """
     with transaction.atomic():
-        run = Run.objects.select_for_update(of=("self",)).select_related("spec").get(pk=run_id)
+        run = Run.objects.select_for_update(no_key=True, of=("self",)).select_related("spec").get(pk=run_id)
         if run.status != RunStatus.ACCEPTED:
             return run  # already scheduled, cancelled, ...: nothing to do (safe to run twice)
         missing = run.spec.dataset_version.entries.filter(task_version__archive__isnull=True).count()

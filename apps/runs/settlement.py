@@ -204,7 +204,7 @@ def run_complete(*, run_id: str, error: str = "", extra_summary: dict[str, Any] 
     """End a run whose trials have all ended (a train run, by its learner): succeeded, or
     failed with ``error``; cancelled if a cancel was requested. False if already ended."""
     with transaction.atomic():
-        run = Run.objects.select_for_update(of=("self",)).get(pk=run_id)
+        run = Run.objects.select_for_update(no_key=True, of=("self",)).get(pk=run_id)
         if run.is_terminal:
             return False
         if run.trials.exclude(status__in=TRIAL_TERMINAL).exists():
@@ -225,7 +225,7 @@ def run_cancel_settle(*, run_id: str, batch_size: int | None = None, max_batches
     done = 0
     while max_batches is None or done < max_batches:
         with transaction.atomic():
-            run = Run.objects.select_for_update(of=("self",)).get(pk=run_id)
+            run = Run.objects.select_for_update(no_key=True, of=("self",)).get(pk=run_id)
             if run.cancel_requested_at is None or run.is_terminal:
                 return True
             if _trials_cancel_batch(run=run, limit=batch_size) < batch_size:

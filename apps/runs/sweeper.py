@@ -251,7 +251,7 @@ def _trials_lost_messages(*, counts: dict[str, int], now: datetime, limit: int) 
 
     def requeue(run_id: str) -> int:
         with transaction.atomic():
-            list(Run.objects.select_for_update().filter(pk=run_id).values_list("pk", flat=True))
+            list(Run.objects.select_for_update(no_key=True).filter(pk=run_id).values_list("pk", flat=True))
             ids = list(
                 Trial.objects.filter(pk__in=by_run[run_id], status=TrialStatus.PENDING, queued_at__lt=cutoff)
                 .order_by("pk")
@@ -319,7 +319,7 @@ def _groups_ended(*, counts: dict[str, int], limit: int) -> None:
 
     def settle(run_id: str) -> int:
         with transaction.atomic():
-            run = Run.objects.select_for_update(of=("self",)).get(pk=run_id)
+            run = Run.objects.select_for_update(no_key=True, of=("self",)).get(pk=run_id)
             settled = groups_settle_ended(run=run, group_ids=by_run[run_id])
             if not settled:
                 return 0
@@ -352,7 +352,7 @@ def _runs_ended(*, counts: dict[str, int], limit: int) -> None:
 
     def finish(run_id: str) -> bool:
         def redrive() -> bool:
-            return run_end_if_idle(run=Run.objects.select_for_update(of=("self",)).get(pk=run_id))
+            return run_end_if_idle(run=Run.objects.select_for_update(no_key=True, of=("self",)).get(pk=run_id))
 
         return _noted(
             run_id=run_id,

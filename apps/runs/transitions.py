@@ -8,6 +8,12 @@ returns False. Nothing else in the code assigns a status.
 Lock order (as in apps.runs.services): the run row first, then its leases, trials, groups
 and reservations. A transition of a run's record locks the run row before it claims the
 record (a no-op when the caller holds it already, which most do).
+
+Row locks are FOR NO KEY UPDATE (``select_for_update(no_key=True)``), never FOR UPDATE: they
+exclude each other and every UPDATE of the row as FOR UPDATE does, but not the KEY SHARE
+lock a foreign-key check takes. So the insert of a row that refers to a locked one (a
+trial's artifact or reservation, a lease, another transaction's event) does not wait for
+that lock's transaction. Nothing deletes these rows or changes their keys.
 """
 
 from __future__ import annotations
@@ -109,7 +115,7 @@ def _run_lock(*, run_id: str) -> None:
     quote = connection.ops.quote_name
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT 1 FROM {quote(Run._meta.db_table)} WHERE {quote(Run._meta.pk.column)} = %s FOR UPDATE",
+            f"SELECT 1 FROM {quote(Run._meta.db_table)} WHERE {quote(Run._meta.pk.column)} = %s FOR NO KEY UPDATE",
             [run_id],
         )
 
@@ -239,7 +245,7 @@ def trials_transition(
     with transaction.atomic():
         _run_lock(run_id=run_id)
         moving = list(
-            Trial.objects.select_for_update()
+            Trial.objects.select_for_update(no_key=True)
             .filter(run_id=run_id, pk__in=list(trial_ids), status__in=sources)
             .order_by("pk")
             .values_list("pk", flat=True)
@@ -284,7 +290,7 @@ def groups_settle(*, run_id: str, summaries: Mapping[str, dict[str, Any]]) -> li
     with transaction.atomic():
         _run_lock(run_id=run_id)
         moving = list(
-            SamplingGroup.objects.select_for_update()
+            SamplingGroup.objects.select_for_update(no_key=True)
             .filter(run_id=run_id, pk__in=list(summaries), status__in=sources)
             .order_by("pk")
             .values_list("pk", flat=True)

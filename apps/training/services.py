@@ -62,7 +62,7 @@ def _start_problem(*, run: Run, route: ModelRoute | None, plan: dict[str, Any]) 
 def training_start(*, run_id: str) -> Trainer | None:
     """Set up the learner of a started train run and add its first batch. Idempotent."""
     with transaction.atomic():
-        run = Run.objects.select_for_update(of=("self",)).select_related("spec").get(pk=run_id)
+        run = Run.objects.select_for_update(no_key=True, of=("self",)).select_related("spec").get(pk=run_id)
         if run.status != RunStatus.RUNNING or Trainer.objects.filter(run=run).exists():
             return None
         plan = run.spec.plan
@@ -168,9 +168,12 @@ def step_settled(*, run_id: str, step: int) -> bool:
     the step's update (once: True for the call that did it)."""
     with transaction.atomic():
         # The run's row first, as everywhere (its trainer's move appends an event).
-        list(Run.objects.select_for_update().filter(pk=run_id).values_list("pk", flat=True))
+        list(Run.objects.select_for_update(no_key=True).filter(pk=run_id).values_list("pk", flat=True))
         trainer = (
-            Trainer.objects.select_for_update(of=("self",)).select_related("run__spec").filter(run_id=run_id).first()
+            Trainer.objects.select_for_update(no_key=True, of=("self",))
+            .select_related("run__spec")
+            .filter(run_id=run_id)
+            .first()
         )
         if trainer is None or trainer.status != TrainerStatus.SAMPLING or trainer.step != step:
             return False

@@ -108,8 +108,8 @@ def _sweep_dead_updates(*, now: datetime, limit: int) -> int:
         )
         with transaction.atomic():
             # Under the run and trainer locks, so that two overlapping ticks block it once.
-            list(Run.objects.select_for_update().filter(pk=update.run_id).values_list("pk", flat=True))
-            trainer = Trainer.objects.select_for_update().get(run_id=update.run_id)
+            list(Run.objects.select_for_update(no_key=True).filter(pk=update.run_id).values_list("pk", flat=True))
+            trainer = Trainer.objects.select_for_update(no_key=True).get(run_id=update.run_id)
             if trainer.status != TrainerStatus.UPDATING or trainer.step != update.step:
                 continue
             sweep_note(run_id=update.run_id, action="update_blocked", why=error)

@@ -40,7 +40,7 @@ UPDATE_ENDED = (UpdateStatus.APPLIED, UpdateStatus.SKIPPED, UpdateStatus.FAILED)
 def trainer_transition(*, trainer: Trainer, to: str, event: str, data: dict[str, Any] | None = None) -> bool:
     """Move a trainer and append ``event`` on its run, in one transaction."""
     with transaction.atomic():
-        list(Run.objects.select_for_update().filter(pk=trainer.run_id).values_list("pk", flat=True))
+        list(Run.objects.select_for_update(no_key=True).filter(pk=trainer.run_id).values_list("pk", flat=True))
         if not TRAINER_TRANSITIONS.claim(pk=trainer.pk, to=to, values={"updated_at": timezone.now()}, instance=trainer):
             return False
         event_append(run_id=trainer.run_id, type=event, data={"step": trainer.step, **(data or {})})
@@ -62,7 +62,7 @@ def update_transition(
     if to in UPDATE_ENDED:
         changes.setdefault("finished_at", timezone.now())
     with transaction.atomic():
-        list(Run.objects.select_for_update().filter(pk=update.run_id).values_list("pk", flat=True))
+        list(Run.objects.select_for_update(no_key=True).filter(pk=update.run_id).values_list("pk", flat=True))
         if not UPDATE_TRANSITIONS.claim(
             pk=update.pk,
             to=to,

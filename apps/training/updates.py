@@ -375,8 +375,8 @@ def _update_train(
 
 def _advance(*, run_id: str) -> None:
     """After an update: the next batch, or the end of the run. Caller is in a transaction."""
-    run = Run.objects.select_for_update(of=("self",)).select_related("spec").get(pk=run_id)
-    trainer = Trainer.objects.select_for_update().get(run=run)
+    run = Run.objects.select_for_update(no_key=True, of=("self",)).select_related("spec").get(pk=run_id)
+    trainer = Trainer.objects.select_for_update(no_key=True).get(run=run)
     trainer.step += 1
     # A skipped update kept the weights: they are those of this step too.
     trainer.sampler_step = trainer.step

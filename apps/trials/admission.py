@@ -192,7 +192,7 @@ def admission_try(*, reservation: Reservation) -> bool:
     """Grant the reservation if the FIFO-within-what-fits order admits it now."""
     with transaction.atomic():
         # The node row lock serializes admission decisions on one node.
-        node = WorkerNode.objects.select_for_update().get(pk=reservation.node_id)
+        node = WorkerNode.objects.select_for_update(no_key=True).get(pk=reservation.node_id)
         _dead_leases_release(node=node)
         current = Reservation.objects.annotate(trial_run_id=F("trial__run_id")).get(pk=reservation.pk)
         if current.status != ReservationStatus.WAITING:

@@ -65,3 +65,53 @@ def test_concurrent_event_appends_are_gap_free(alice, inputs):
     seqs = list(RunEvent.objects.filter(run_id=run_id).order_by("seq").values_list("seq", flat=True))
     assert seqs == list(range(1, len(seqs) + 1))
     assert RunEvent.objects.filter(run_id=run_id, type="progress.tick").count() == 160
+
+
+def test_rows_referring_to_a_locked_run_and_lease_are_inserted_without_waiting(alice, inputs):
+    """A trial's writes under its lease lock the run row and the lease row (FOR NO KEY
+    UPDATE); meanwhile another worker inserts rows that refer to both (a lease of another
+    trial of the run, a write record of the lease): their foreign-key checks take KEY SHARE
+    locks, which FOR UPDATE would have made wait for the first transaction's commit (here
+    never: a lock timeout error instead)."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    from apps.runs.leases import _locked_active_lease
+    from apps.runs.models import Lease, LeaseWrite
+    from tests.runs.test_cancel import big_run, started
+
+    run = big_run(alice, inputs, tasks=2, attempts=1)
+    lease, _ = started(run)
+    holding, release = threading.Event(), threading.Event()
+    failures: list[BaseException] = []
+
+    def hold_run_and_lease() -> None:
+        try:
+            with transaction.atomic():
+                _locked_active_lease(lease_id=lease.id, fence=lease.fence, worker=lease.worker)
+                holding.set()
+                release.wait(60)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+        finally:
+            holding.set()
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_run_and_lease)
+    holder.start()
+    try:
+        assert holding.wait(60) and not failures, failures
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '10s'")
+        now = timezone.now()
+        with transaction.atomic():
+            Lease.objects.create(
+                run=run, unit="trial:other", worker=lease.worker, fence=1, heartbeat_at=now, expires_at=now
+            )
+            LeaseWrite.objects.create(lease=lease, local_seq=10_000)
+    finally:
+        release.set()
+        holder.join(60)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = 0")
+    assert not failures, failures
