@@ -25,6 +25,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -188,8 +189,11 @@ def _fits(free: dict[str, float], r: Reservation) -> bool:
     )
 
 
-def admission_try(*, reservation: Reservation) -> bool:
-    """Grant the reservation if the FIFO-within-what-fits order admits it now."""
+def admission_try(*, reservation: Reservation, on_grant: Callable[[], None] | None = None) -> bool:
+    """Grant the reservation if the FIFO-within-what-fits order admits it now. ``on_grant``
+    runs in the grant's transaction (a trials worker starts its trial there); if it raises,
+    the grant is rolled back with it and the error goes to the caller. A reservation granted
+    already (a repeat after a lost acknowledgement) is True without it."""
     with transaction.atomic():
         # The node row lock serializes admission decisions on one node.
         node = WorkerNode.objects.select_for_update(no_key=True).get(pk=reservation.node_id)
@@ -208,9 +212,12 @@ def admission_try(*, reservation: Reservation) -> bool:
         for waiting in Reservation.objects.filter(node=node, status=ReservationStatus.WAITING).order_by("id"):
             if _fits(free, waiting):
                 if waiting.pk == current.pk:
-                    return reservation_transition(
+                    granted = reservation_transition(
                         reservation=current, to=ReservationStatus.HELD, run_id=current.trial_run_id
                     )
+                    if granted and on_grant is not None:
+                        on_grant()
+                    return granted
                 # An earlier reservation fits: it will take these resources when it polls.
                 free["slots"] -= 1
                 free["cpus"] -= waiting.cpus

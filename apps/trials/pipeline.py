@@ -146,8 +146,7 @@ def _attempt_outcome(*, held: HeldTrial, work_root: Path) -> TrialOutcome | None
     try:
         work = held.work = work_dir_make(root=work_root, name=f"{trial.id}.{held.lease.fence}")
         need = trial_need(trial=trial, plan=held.plan)
-        granted = _admit(held=held, need=need)
-        _start(held=held, need=need, events=granted)
+        _admit_and_start(held=held, need=need)
         task_dir = _task_materialize(held=held, dest=work / "task")
         actor, judge = actor_recipe(trial=trial), judge_recipe(trial=trial)
         access = _access_open(held=held, actor=actor, judge=judge)
@@ -220,10 +219,11 @@ def _still_held(*, held: HeldTrial) -> None:
         raise StaleLease(f"lease {held.lease.id} was lost")
 
 
-def _admit(*, held: HeldTrial, need: Need) -> list[tuple[str, dict[str, Any]]]:
-    """Wait until the node's budget admits the trial. The trial ends here instead when its
-    need never fits or it is cancelled while waiting. Returns the grant's event after a wait
-    (none without one), which the start records with it."""
+def _admit_and_start(*, held: HeldTrial, need: Need) -> None:
+    """Wait until the node's budget admits the trial, and start it in the grant's
+    transaction: a granted slot is never held by a trial that has not started, and the
+    start costs no transaction of its own. The trial ends here instead when its need never
+    fits or it is cancelled while waiting."""
     node, trial, keeper = held.node, held.trial, held.keeper
     try:
         reservation = db_retry(
@@ -237,8 +237,29 @@ def _admit(*, held: HeldTrial, need: Need) -> list[tuple[str, dict[str, Any]]]:
     waited_since = 0.0
     announced = False
     wake: FreedWake | None = None
+
+    def start() -> None:
+        # The grant's own event first (after a wait: how long, and the node's use with it).
+        events: list[tuple[str, dict[str, Any]]] = []
+        if wake is not None:
+            waited = round(time.monotonic() - waited_since, 3)
+            events.append(
+                ("admission.granted", {"trial": trial.id, "waited_sec": waited, "usage": node_usage(node=node)})
+            )
+        trial_mark_running(
+            worker=held.worker,
+            lease=held.lease,
+            trial_id=trial.id,
+            data={"task": trial.task_version.name, "attempt": trial.attempt, "node": node.name, "need": need.as_dict()},
+            events=events,
+        )
+
+    def admit() -> bool:
+        # Not started when cancelled meanwhile: the trial ends as cancelled while waiting.
+        return admission_try(reservation=reservation, on_grant=None if keeper.cancelled.is_set() else start)
+
     try:
-        while not db_retry(write=lambda: admission_try(reservation=reservation), what=f"admission of {trial.id}"):
+        while not db_retry(write=admit, what=f"admission of {trial.id}"):
             first = wake is None
             if first:
                 waited_since = time.monotonic()
@@ -273,32 +294,6 @@ def _admit(*, held: HeldTrial, need: Need) -> list[tuple[str, dict[str, Any]]]:
                 error_message="cancelled while waiting for resources",
             )
         )
-    if wake is None:
-        return []
-    usage = db_retry(write=lambda: node_usage(node=node), what="node usage")
-    waited = round(time.monotonic() - waited_since, 3)
-    return [("admission.granted", {"trial": trial.id, "waited_sec": waited, "usage": usage})]
-
-
-def _start(*, held: HeldTrial, need: Need, events: list[tuple[str, dict[str, Any]]]) -> None:
-    """The admitted trial is running on this node (``events``: the admission's, recorded first)."""
-    trial = held.trial
-    db_retry(
-        write=lambda: trial_mark_running(
-            worker=held.worker,
-            lease=held.lease,
-            trial_id=trial.id,
-            data={
-                "task": trial.task_version.name,
-                "attempt": trial.attempt,
-                "node": held.node.name,
-                "need": need.as_dict(),
-            },
-            events=events,
-        ),
-        what=f"start of {trial.id}",
-        committed=lambda: Trial.objects.filter(pk=trial.id, status=TrialStatus.RUNNING).exists(),
-    )
 
 
 def _task_materialize(*, held: HeldTrial, dest: Path) -> Path:

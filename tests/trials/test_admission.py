@@ -216,3 +216,28 @@ def test_a_worker_process_reads_its_node_and_identity_once_while_fresh(settings,
     with CaptureQueriesContext(connection) as registered:
         node_current()
     assert any(q["sql"].startswith("UPDATE") for q in registered.captured_queries)
+
+
+def test_a_grant_runs_its_start_in_its_transaction_and_falls_with_it(trials, node):
+    from apps.runs.models import ReservationStatus
+
+    first = admission_request(node=node, trial=trials[0], need=LIGHT)
+
+    def start_fails() -> None:
+        raise RuntimeError("the lease was lost meanwhile")
+
+    with pytest.raises(RuntimeError, match="lease was lost"):
+        admission_try(reservation=first, on_grant=start_fails)
+    first.refresh_from_db()
+    assert first.status == ReservationStatus.WAITING  # the grant went with the failed start
+    assert node_usage(node=node)["slots"] == 0
+    started: list[str] = []
+    assert admission_try(reservation=first, on_grant=lambda: started.append(first.pk)) is True
+    # A repeat (its acknowledgement lost) finds it granted: the start is not run again.
+    assert admission_try(reservation=first, on_grant=lambda: started.append(first.pk)) is True
+    assert started == [first.pk]
+    for trial in trials[1:3]:
+        assert admission_try(reservation=admission_request(node=node, trial=trial, need=HEAVY)) is True
+    last = admission_request(node=node, trial=trials[3], need=HEAVY)  # memory is short now
+    assert admission_try(reservation=last, on_grant=lambda: started.append(last.pk)) is False
+    assert started == [first.pk]  # not granted: not started
