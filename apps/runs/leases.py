@@ -21,9 +21,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import models, transaction
-from django.db.models import F, Max, Value
-from django.db.models.functions import Coalesce
+from django.db import transaction
+from django.db.models import Max
 from django.utils import timezone
 
 from apps.accounts.models import WorkerIdentity
@@ -130,12 +129,10 @@ def trial_claim(*, worker: WorkerIdentity, trial_id: str, node_name: str) -> Lea
             source={TrialStatus.PENDING},
             event="trial.claimed",
             data={"lease": lease.id, "fence": lease.fence, "node": node_name, "tries": trial.tries + 1},
-            # A requeued trial taken by a duplicate message counts as in flight again.
-            values={
-                "tries": F("tries") + 1,
-                "worker_node": node_name,
-                "queued_at": Coalesce(F("queued_at"), Value(now, output_field=models.DateTimeField())),
-            },
+            # Values, not expressions: the row is locked and was read under the lock, and the
+            # instance needs no read-back. A requeued trial taken by a duplicate message
+            # counts as in flight again.
+            values={"tries": trial.tries + 1, "worker_node": node_name, "queued_at": trial.queued_at or now},
         )
         if trial.group.status == GroupStatus.PENDING:
             group_transition(group=trial.group, to=GroupStatus.RUNNING, event="group.started")

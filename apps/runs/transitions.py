@@ -132,7 +132,10 @@ def _record(
     values: Mapping[str, Any],
     where: Mapping[str, Any] | None = None,
 ) -> bool:
-    with transaction.atomic():
+    # No savepoint of its own inside the caller's transaction (two round trips under the
+    # run's lock, several times a trial): an error here fails that transaction, whose writes
+    # before this move could not stand without it anyway.
+    with transaction.atomic(savepoint=False):
         _run_lock(run_id=run_id)
         if not table.claim(pk=obj.pk, to=to, source=source, values=values, where=where, instance=obj):
             return False
