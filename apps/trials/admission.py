@@ -189,45 +189,64 @@ def _fits(free: dict[str, float], r: Reservation) -> bool:
     )
 
 
-def admission_try(*, reservation: Reservation, on_grant: Callable[[], None] | None = None) -> bool:
+def admission_try(
+    *, reservation: Reservation, on_grant: Callable[[dict[str, float | int]], None] | None = None
+) -> bool:
     """Grant the reservation if the FIFO-within-what-fits order admits it now. ``on_grant``
-    runs in the grant's transaction (a trials worker starts its trial there); if it raises,
-    the grant is rolled back with it and the error goes to the caller. A reservation granted
-    already (a repeat after a lost acknowledgement) is True without it."""
+    runs in the grant's transaction with the node's use the grant leaves (a trials worker
+    starts its trial there); if it raises, the grant is rolled back with it and the error
+    goes to the caller. A reservation granted already (a repeat after a lost
+    acknowledgement) is True without it."""
     with transaction.atomic():
         # The node row lock serializes admission decisions on one node.
         node = WorkerNode.objects.select_for_update(no_key=True).get(pk=reservation.node_id)
-        _dead_leases_release(node=node)
         current = Reservation.objects.annotate(trial_run_id=F("trial__run_id")).get(pk=reservation.pk)
         if current.status != ReservationStatus.WAITING:
             return current.status == ReservationStatus.HELD
-        usage = node_usage(node=node)
-        free = {
-            "slots": node.slots - usage["slots"],
-            "cpus": node.cpus - usage["cpus"],
-            "memory_mb": node.memory_mb - usage["memory_mb"],
-            "storage_mb": node.storage_mb - usage["storage_mb"],
-        }
-        aged = timezone.now() - timedelta(seconds=AGING_SECONDS)
-        for waiting in Reservation.objects.filter(node=node, status=ReservationStatus.WAITING).order_by("id"):
-            if _fits(free, waiting):
-                if waiting.pk == current.pk:
-                    granted = reservation_transition(
-                        reservation=current, to=ReservationStatus.HELD, run_id=current.trial_run_id
-                    )
-                    if granted and on_grant is not None:
-                        on_grant()
-                    return granted
-                # An earlier reservation fits: it will take these resources when it polls.
-                free["slots"] -= 1
-                free["cpus"] -= waiting.cpus
-                free["memory_mb"] -= waiting.memory_mb
-                free["storage_mb"] -= waiting.storage_mb
-            elif waiting.created_at <= aged:
-                return False  # it has waited long enough: nothing behind it may pass
+        usage = _admitted(node=node, current=current)
+        # Only a refusal looks for reservations whose lease is dead: what they hold could be
+        # what stands in the way (an admission that fits anyway has no need of it).
+        if usage is None and _dead_leases_release(node=node):
+            usage = _admitted(node=node, current=current)
+        if usage is None:
+            return False
+        granted = reservation_transition(reservation=current, to=ReservationStatus.HELD, run_id=current.trial_run_id)
+        if granted and on_grant is not None:
+            on_grant(usage)
+        return granted
+
+
+def _admitted(*, node: WorkerNode, current: Reservation) -> dict[str, float | int] | None:
+    """The node's use with ``current`` granted, if the FIFO-within-what-fits order admits it
+    now; else None. Caller holds the node's lock."""
+    usage = node_usage(node=node)
+    free = {
+        "slots": node.slots - usage["slots"],
+        "cpus": node.cpus - usage["cpus"],
+        "memory_mb": node.memory_mb - usage["memory_mb"],
+        "storage_mb": node.storage_mb - usage["storage_mb"],
+    }
+    aged = timezone.now() - timedelta(seconds=AGING_SECONDS)
+    for waiting in Reservation.objects.filter(node=node, status=ReservationStatus.WAITING).order_by("id"):
+        if _fits(free, waiting):
             if waiting.pk == current.pk:
-                return False
-        return False
+                return {
+                    "slots": usage["slots"] + 1,
+                    "cpus": usage["cpus"] + current.cpus,
+                    "memory_mb": usage["memory_mb"] + current.memory_mb,
+                    "storage_mb": usage["storage_mb"] + current.storage_mb,
+                    "waiting": usage["waiting"] - 1,
+                }
+            # An earlier reservation fits: it will take these resources when it polls.
+            free["slots"] -= 1
+            free["cpus"] -= waiting.cpus
+            free["memory_mb"] -= waiting.memory_mb
+            free["storage_mb"] -= waiting.storage_mb
+        elif waiting.created_at <= aged:
+            return None  # it has waited long enough: nothing behind it may pass
+        if waiting.pk == current.pk:
+            return None
+    return None
 
 
 def _freed_notify(*, node_id: str) -> None:

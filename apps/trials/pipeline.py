@@ -238,14 +238,12 @@ def _admit_and_start(*, held: HeldTrial, need: Need) -> None:
     announced = False
     wake: FreedWake | None = None
 
-    def start() -> None:
+    def start(usage: dict[str, float | int]) -> None:
         # The grant's own event first (after a wait: how long, and the node's use with it).
         events: list[tuple[str, dict[str, Any]]] = []
         if wake is not None:
             waited = round(time.monotonic() - waited_since, 3)
-            events.append(
-                ("admission.granted", {"trial": trial.id, "waited_sec": waited, "usage": node_usage(node=node)})
-            )
+            events.append(("admission.granted", {"trial": trial.id, "waited_sec": waited, "usage": usage}))
         trial_mark_running(
             worker=held.worker,
             lease=held.lease,

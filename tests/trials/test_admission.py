@@ -223,7 +223,7 @@ def test_a_grant_runs_its_start_in_its_transaction_and_falls_with_it(trials, nod
 
     first = admission_request(node=node, trial=trials[0], need=LIGHT)
 
-    def start_fails() -> None:
+    def start_fails(usage) -> None:
         raise RuntimeError("the lease was lost meanwhile")
 
     with pytest.raises(RuntimeError, match="lease was lost"):
@@ -231,13 +231,15 @@ def test_a_grant_runs_its_start_in_its_transaction_and_falls_with_it(trials, nod
     first.refresh_from_db()
     assert first.status == ReservationStatus.WAITING  # the grant went with the failed start
     assert node_usage(node=node)["slots"] == 0
-    started: list[str] = []
-    assert admission_try(reservation=first, on_grant=lambda: started.append(first.pk)) is True
+    started: list[tuple[str, dict]] = []
+    assert admission_try(reservation=first, on_grant=lambda usage: started.append((first.pk, usage))) is True
+    # The node's use the grant left, as the grant's event records it: read back, the same.
+    assert started == [(first.pk, node_usage(node=node))]
     # A repeat (its acknowledgement lost) finds it granted: the start is not run again.
-    assert admission_try(reservation=first, on_grant=lambda: started.append(first.pk)) is True
-    assert started == [first.pk]
+    assert admission_try(reservation=first, on_grant=lambda usage: started.append((first.pk, usage))) is True
+    assert len(started) == 1
     for trial in trials[1:3]:
         assert admission_try(reservation=admission_request(node=node, trial=trial, need=HEAVY)) is True
     last = admission_request(node=node, trial=trials[3], need=HEAVY)  # memory is short now
-    assert admission_try(reservation=last, on_grant=lambda: started.append(last.pk)) is False
-    assert started == [first.pk]  # not granted: not started
+    assert admission_try(reservation=last, on_grant=lambda usage: started.append((last.pk, usage))) is False
+    assert len(started) == 1  # not granted: not started
