@@ -138,60 +138,63 @@ def test_a_release_on_another_node_does_not_wake(trials, node):
         assert wake.wait(timeout=0.5) is False
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_process_keeps_its_listen_connection_between_waits_and_hears_only_what_is_new(trials, node, monkeypatch):
-    """With kept connections (SYNTH_DB_CONN_MAX_AGE > 0, as workers deploy) the next waiting
-    trial of the process listens on the same backend, and a release it did not wait for (one
-    committed between two waits) does not wake it: the try before its wait saw that one."""
+@pytest.fixture
+def kept_listening(trials, node, monkeypatch):
+    """Kept connections (SYNTH_DB_CONN_MAX_AGE > 0, as workers deploy), two heavy trials
+    admitted and a third waiting for them; the kept LISTEN connection is closed after."""
     from django.db import connection
 
-    from apps.trials.admission import FreedWake, kept_listener_close
+    from apps.trials.admission import kept_listener_close
 
     if connection.vendor != "postgresql":
         pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
     monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 60)
     reservations = [admission_request(node=node, trial=t, need=HEAVY) for t in trials[:3]]
     assert [admission_try(reservation=r) for r in reservations] == [True, True, False]
-    try:
-        with FreedWake(node_name=node.name) as wake:
-            backend = wake._conn.info.backend_pid
-        admission_release(reservation=reservations[0])  # heard by the kept connection, unwaited
-        with FreedWake(node_name=node.name) as wake:
-            assert wake._conn.info.backend_pid == backend
-            assert wake.wait(timeout=0.2) is False  # the earlier release does not wake this wait
-            admission_release(reservation=reservations[1])
-            assert wake.wait(timeout=300) is True
-    finally:
-        kept_listener_close()
+    yield reservations
+    kept_listener_close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_process_keeps_its_listen_connection_between_waits_and_hears_only_what_is_new(
+    kept_listening, node, monkeypatch
+):
+    """The next waiting trial of the process listens on the same backend, and a release it
+    did not wait for (one committed between two waits) does not wake it: the try before its
+    wait saw that one."""
+    from django.db import connection
+
+    from apps.trials.admission import FreedWake
+
+    with FreedWake(node_name=node.name) as wake:
+        backend = wake._conn.info.backend_pid
+    admission_release(reservation=kept_listening[0])  # heard by the kept connection, unwaited
+    with FreedWake(node_name=node.name) as wake:
+        assert wake._conn.info.backend_pid == backend
+        assert wake.wait(timeout=0.2) is False  # the earlier release does not wake this wait
+        admission_release(reservation=kept_listening[1])
+        assert wake.wait(timeout=300) is True
     monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 0)
     with FreedWake(node_name=node.name) as wake:
         conn = wake._conn
-    assert conn.closed  # not kept: closed with its wait
+    assert conn.closed and wake._conn is None  # not kept: closed with its wait
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_kept_listen_connection_the_server_ended_is_replaced(trials, node, monkeypatch):
+def test_a_kept_listen_connection_the_server_ended_is_replaced(kept_listening, node):
     import psycopg
     from django.db import connection
 
-    from apps.trials.admission import FreedWake, kept_listener_close
+    from apps.trials.admission import FreedWake
 
-    if connection.vendor != "postgresql":
-        pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
-    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 60)
-    reservations = [admission_request(node=node, trial=t, need=HEAVY) for t in trials[:3]]
-    assert [admission_try(reservation=r) for r in reservations] == [True, True, False]
-    try:
-        with FreedWake(node_name=node.name) as wake:
-            backend = wake._conn.info.backend_pid
-        with connection.cursor() as cursor:  # what a database restart does to it
-            cursor.execute("SELECT pg_terminate_backend(%s, 30000)", [backend])  # returns once it is gone
-        with FreedWake(node_name=node.name) as wake:
-            assert isinstance(wake._conn, psycopg.Connection) and wake._conn.info.backend_pid != backend
-            admission_release(reservation=reservations[0])
-            assert wake.wait(timeout=300) is True
-    finally:
-        kept_listener_close()
+    with FreedWake(node_name=node.name) as wake:
+        backend = wake._conn.info.backend_pid
+    with connection.cursor() as cursor:  # what a database restart does to it
+        cursor.execute("SELECT pg_terminate_backend(%s, 30000)", [backend])  # returns once it is gone
+    with FreedWake(node_name=node.name) as wake:
+        assert isinstance(wake._conn, psycopg.Connection) and wake._conn.info.backend_pid != backend
+        admission_release(reservation=kept_listening[0])
+        assert wake.wait(timeout=300) is True
 
 
 def test_a_worker_process_reads_its_node_and_identity_once_while_fresh(settings, django_assert_num_queries):
