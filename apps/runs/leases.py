@@ -142,13 +142,20 @@ def trial_claim(*, worker: WorkerIdentity, trial_id: str, node_name: str) -> Lea
 # --------------------------------------------------------------------------- the holder's writes
 
 
-def _locked_active_lease(*, lease_id: str, fence: int, worker: WorkerIdentity) -> tuple[Run, Lease]:
-    """Lock run then lease and check that the caller holds the active lease at `fence`."""
-    lease = Lease.objects.filter(pk=lease_id, worker=worker).only("run_id").first()
-    if lease is None:
+def _locked_active_lease(
+    *, lease_id: str, fence: int, worker: WorkerIdentity, run_id: str | None = None
+) -> tuple[Run, Lease]:
+    """Lock run then lease and check that the caller holds the active lease at `fence`.
+    ``run_id``: the lease's run, when the caller has the lease (one read fewer; a lease
+    never changes run or holder, and both are checked again under the lock)."""
+    if run_id is None:
+        run_id = Lease.objects.filter(pk=lease_id, worker=worker).values_list("run_id", flat=True).first()
+        if run_id is None:
+            raise NotFound(f"lease {lease_id} not found")
+    run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
+    lease = Lease.objects.select_for_update(no_key=True).filter(pk=lease_id).first()
+    if lease is None or lease.worker_id != worker.pk or lease.run_id != run_id:
         raise NotFound(f"lease {lease_id} not found")
-    run = Run.objects.select_for_update(no_key=True).get(pk=lease.run_id)
-    lease = Lease.objects.select_for_update(no_key=True).get(pk=lease_id)
     _lease_check(lease=lease, fence=fence)
     return run, lease
 
@@ -272,7 +279,7 @@ def trial_mark_running(
         if not etype.startswith(WORKER_EVENT_PREFIXES):
             raise ValidationFailed(f"event type {etype} is not a worker's", field="events")
     with transaction.atomic():
-        run, _ = _locked_active_lease(lease_id=lease.id, fence=lease.fence, worker=worker)
+        run, _ = _locked_active_lease(lease_id=lease.id, fence=lease.fence, worker=worker, run_id=lease.run_id)
         events_append(run_id=run.id, events=list(events))
         trial = Trial.objects.select_for_update(no_key=True).get(pk=trial_id)
         if not trial_transition(
@@ -292,7 +299,7 @@ def trial_complete(*, worker: WorkerIdentity, lease: Lease, trial_id: str, outco
     from apps.trials.admission import reservations_release
 
     with transaction.atomic():
-        run, locked = _locked_active_lease(lease_id=lease.id, fence=lease.fence, worker=worker)
+        run, locked = _locked_active_lease(lease_id=lease.id, fence=lease.fence, worker=worker, run_id=lease.run_id)
         lease_transition(lease=locked, to=LeaseStatus.COMPLETED, event="lease.completed")
         reservations_release(lease=locked, why="its trial ended")
         trial = (

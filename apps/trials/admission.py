@@ -200,26 +200,44 @@ def admission_try(
     with transaction.atomic():
         # The node row lock serializes admission decisions on one node.
         node = WorkerNode.objects.select_for_update(no_key=True).get(pk=reservation.node_id)
-        current = Reservation.objects.annotate(trial_run_id=F("trial__run_id")).get(pk=reservation.pk)
-        if current.status != ReservationStatus.WAITING:
-            return current.status == ReservationStatus.HELD
-        usage = _admitted(node=node, current=current)
+        decision = _admitted(node=node, reservation_id=reservation.pk)
         # Only a refusal looks for reservations whose lease is dead: what they hold could be
         # what stands in the way (an admission that fits anyway has no need of it).
-        if usage is None and _dead_leases_release(node=node):
-            usage = _admitted(node=node, current=current)
-        if usage is None:
+        if decision is None and _dead_leases_release(node=node):
+            decision = _admitted(node=node, reservation_id=reservation.pk)
+        if decision is None:
             return False
-        granted = reservation_transition(reservation=current, to=ReservationStatus.HELD, run_id=current.trial_run_id)
+        current, run_id, usage = decision
+        if current.status != ReservationStatus.WAITING:
+            return current.status == ReservationStatus.HELD
+        granted = reservation_transition(reservation=current, to=ReservationStatus.HELD, run_id=run_id)
         if granted and on_grant is not None:
             on_grant(usage)
         return granted
 
 
-def _admitted(*, node: WorkerNode, current: Reservation) -> dict[str, float | int] | None:
-    """The node's use with ``current`` granted, if the FIFO-within-what-fits order admits it
-    now; else None. Caller holds the node's lock."""
-    usage = node_usage(node=node)
+def _admitted(*, node: WorkerNode, reservation_id: int) -> tuple[Reservation, str, dict[str, float | int]] | None:
+    """The reservation, its trial's run and the node's use with it granted, if it is granted
+    already or the FIFO-within-what-fits order admits it now; else None. One read of the node's open
+    reservations (a node has a handful) serves the use, the queue and the reservation
+    itself. Caller holds the node's lock."""
+    open_ = list(
+        Reservation.objects.filter(node=node, status__in=OPEN).annotate(trial_run_id=F("trial__run_id")).order_by("id")
+    )
+    current = next((r for r in open_ if r.pk == reservation_id), None)
+    if current is None:  # released: nothing to grant
+        return None
+    run_id: str = current.trial_run_id  # annotated by the query
+    held = [r for r in open_ if r.status == ReservationStatus.HELD]
+    usage: dict[str, float | int] = {
+        "slots": len(held),
+        "cpus": sum(r.cpus for r in held),
+        "memory_mb": sum(r.memory_mb for r in held),
+        "storage_mb": sum(r.storage_mb for r in held),
+        "waiting": len(open_) - len(held),
+    }
+    if current.status == ReservationStatus.HELD:
+        return current, run_id, usage
     free = {
         "slots": node.slots - usage["slots"],
         "cpus": node.cpus - usage["cpus"],
@@ -227,16 +245,20 @@ def _admitted(*, node: WorkerNode, current: Reservation) -> dict[str, float | in
         "storage_mb": node.storage_mb - usage["storage_mb"],
     }
     aged = timezone.now() - timedelta(seconds=AGING_SECONDS)
-    for waiting in Reservation.objects.filter(node=node, status=ReservationStatus.WAITING).order_by("id"):
+    for waiting in (r for r in open_ if r.status == ReservationStatus.WAITING):
         if _fits(free, waiting):
             if waiting.pk == current.pk:
-                return {
-                    "slots": usage["slots"] + 1,
-                    "cpus": usage["cpus"] + current.cpus,
-                    "memory_mb": usage["memory_mb"] + current.memory_mb,
-                    "storage_mb": usage["storage_mb"] + current.storage_mb,
-                    "waiting": usage["waiting"] - 1,
-                }
+                return (
+                    current,
+                    run_id,
+                    {
+                        "slots": usage["slots"] + 1,
+                        "cpus": usage["cpus"] + current.cpus,
+                        "memory_mb": usage["memory_mb"] + current.memory_mb,
+                        "storage_mb": usage["storage_mb"] + current.storage_mb,
+                        "waiting": usage["waiting"] - 1,
+                    },
+                )
             # An earlier reservation fits: it will take these resources when it polls.
             free["slots"] -= 1
             free["cpus"] -= waiting.cpus
