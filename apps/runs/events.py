@@ -8,12 +8,19 @@ and the INSERT takes its seq from the CTE's RETURNING, so one event (or a burst 
 costs one round trip and the run row is locked only from that statement to the commit.
 SQLite has no data-modifying CTEs; there the bump and the insert are two statements
 (its writers are serialized by the database lock anyway).
+
+Inside ``run_locked`` (a caller that holds the run row's lock for a transaction of several
+moves: a trial's claim, start or end) the run's events are held and appended in one
+statement when the block ends, and transitions skip their own lock of the row: every round
+trip made under that lock holds up every other writer of the run.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from django.db import connection, transaction
@@ -59,10 +66,49 @@ def _loaded(*, pk: int, run_id: str, seq: int, type: str, data: dict[str, Any], 
     return event
 
 
-def event_append(*, run_id: str, type: str, data: dict[str, Any] | None = None) -> RunEvent:
-    """Append the run's next event. Must run inside the caller's transaction."""
+# The runs whose row this thread's current transaction holds locked (run_locked), each with
+# the events held for it, in order.
+_held: ContextVar[dict[str, list[tuple[str, dict[str, Any]]]] | None] = ContextVar("synth_runs_locked", default=None)
+
+
+@contextmanager
+def run_locked(*, run_id: str) -> Iterator[None]:
+    """For a caller that has locked the run's row in its current transaction (and keeps the
+    block inside that transaction): within the block, transitions of the run's records skip
+    their own lock of the row (``run_lock_held``) and the run's events are held, then
+    appended in one statement, in the order they were made, when the block ends without an
+    error. Nested for the same run, the outer block appends. Code inside must not catch the
+    error of a nested atomic block and go on: the events that block made would still be
+    appended with the others."""
+    _atomic_check("run_locked")
+    held = _held.get() or {}
+    if run_id in held:
+        yield
+        return
+    pending: list[tuple[str, dict[str, Any]]] = []
+    token = _held.set({**held, run_id: pending})
+    try:
+        yield
+        if pending:
+            _events_insert(run_id=run_id, events=pending)
+    finally:
+        _held.reset(token)
+
+
+def run_lock_held(*, run_id: str) -> bool:
+    """Whether a ``run_locked`` block of this thread holds the run's row locked."""
+    return run_id in (_held.get() or {})
+
+
+def event_append(*, run_id: str, type: str, data: dict[str, Any] | None = None) -> RunEvent | None:
+    """Append the run's next event. Must run inside the caller's transaction. Returns it,
+    or None inside ``run_locked``, where it is appended with the block's others."""
     _atomic_check("event_append")
     data = data or {}
+    pending = (_held.get() or {}).get(run_id)
+    if pending is not None:
+        pending.append((type, data))
+        return None
     if not _one_statement():
         seq = _seq_reserve(run_id=run_id, count=1)
         return RunEvent.objects.create(run_id=run_id, seq=seq, type=type, data=data)
@@ -85,8 +131,17 @@ def event_append(*, run_id: str, type: str, data: dict[str, Any] | None = None) 
 def events_append(*, run_id: str, events: Sequence[tuple[str, dict[str, Any]]]) -> int:
     """Append many events of one run, in order, with one sequence bump (a worker's burst of
     progress, a batch of cancelled trials, a sweep). Must run inside the caller's transaction.
-    On PostgreSQL the whole burst is one statement."""
+    On PostgreSQL the whole burst is one statement (inside ``run_locked``, part of the
+    block's)."""
     _atomic_check("events_append")
+    pending = (_held.get() or {}).get(run_id)
+    if pending is not None:
+        pending.extend(events)
+        return len(events)
+    return _events_insert(run_id=run_id, events=events)
+
+
+def _events_insert(*, run_id: str, events: Sequence[tuple[str, dict[str, Any]]]) -> int:
     if not events:
         return 0
     if not _one_statement():

@@ -28,7 +28,7 @@ from django.utils import timezone
 from apps.accounts.models import WorkerIdentity
 from apps.core.errors import Conflict, NotFound, StaleLease, ValidationFailed
 from apps.runs.dispatch import trials_enqueue
-from apps.runs.events import event_append, events_append
+from apps.runs.events import event_append, events_append, run_locked
 from apps.runs.models import GroupStatus, Lease, LeaseStatus, LeaseWrite, Run, RunStatus, Trial, TrialStatus
 from apps.runs.settlement import TrialOutcome, trial_cancel, trial_settle
 from apps.runs.transitions import group_transition, lease_transition, run_transition, trial_transition
@@ -100,42 +100,45 @@ def trial_claim(*, worker: WorkerIdentity, trial_id: str, node_name: str) -> Lea
         if run_id is None:
             return None
         run = Run.objects.select_for_update(no_key=True, of=("self",)).select_related("spec").get(pk=run_id)
-        trial = (
-            Trial.objects.select_for_update(no_key=True, of=("self",))
-            .select_related("group", "task_version")
-            .get(pk=trial_id)
-        )
-        if trial.is_terminal:
-            return None
-        unit = trial_unit(trial.id)
-        active = (
-            Lease.objects.select_for_update(no_key=True).filter(run=run, unit=unit, status=LeaseStatus.ACTIVE).first()
-        )
-        if active is not None:
-            if active.expires_at > now:
-                return None  # a duplicate delivery: the holder is alive
-            # Its holder vanished and the reaper has not come by yet: do its job for this lease.
-            lease_lapse(run=run, lease=active, now=now)
-            trial.refresh_from_db(fields=["status", "tries", "queued_at"])
-        if trial.status != TrialStatus.PENDING:
-            return None
-        if run.cancel_requested_at is not None or run.is_terminal:
-            trial_cancel(run=run, trial=trial, why="the run was cancelled before this trial started")
-            return None
-        lease = lease_create(run=run, unit=unit, worker=worker, now=now)
-        trial_transition(
-            trial=trial,
-            to=TrialStatus.WAITING,
-            source={TrialStatus.PENDING},
-            event="trial.claimed",
-            data={"lease": lease.id, "fence": lease.fence, "node": node_name, "tries": trial.tries + 1},
-            # Values, not expressions: the row is locked and was read under the lock, and the
-            # instance needs no read-back. A requeued trial taken by a duplicate message
-            # counts as in flight again.
-            values={"tries": trial.tries + 1, "worker_node": node_name, "queued_at": trial.queued_at or now},
-        )
-        if trial.group.status == GroupStatus.PENDING:
-            group_transition(group=trial.group, to=GroupStatus.RUNNING, event="group.started")
+        with run_locked(run_id=run.id):
+            trial = (
+                Trial.objects.select_for_update(no_key=True, of=("self",))
+                .select_related("group", "task_version")
+                .get(pk=trial_id)
+            )
+            if trial.is_terminal:
+                return None
+            unit = trial_unit(trial.id)
+            active = (
+                Lease.objects.select_for_update(no_key=True)
+                .filter(run=run, unit=unit, status=LeaseStatus.ACTIVE)
+                .first()
+            )
+            if active is not None:
+                if active.expires_at > now:
+                    return None  # a duplicate delivery: the holder is alive
+                # Its holder vanished and the reaper has not come by yet: do its job for this lease.
+                lease_lapse(run=run, lease=active, now=now)
+                trial.refresh_from_db(fields=["status", "tries", "queued_at"])
+            if trial.status != TrialStatus.PENDING:
+                return None
+            if run.cancel_requested_at is not None or run.is_terminal:
+                trial_cancel(run=run, trial=trial, why="the run was cancelled before this trial started")
+                return None
+            lease = lease_create(run=run, unit=unit, worker=worker, now=now)
+            trial_transition(
+                trial=trial,
+                to=TrialStatus.WAITING,
+                source={TrialStatus.PENDING},
+                event="trial.claimed",
+                data={"lease": lease.id, "fence": lease.fence, "node": node_name, "tries": trial.tries + 1},
+                # Values, not expressions: the row is locked and was read under the lock, and the
+                # instance needs no read-back. A requeued trial taken by a duplicate message
+                # counts as in flight again.
+                values={"tries": trial.tries + 1, "worker_node": node_name, "queued_at": trial.queued_at or now},
+            )
+            if trial.group.status == GroupStatus.PENDING:
+                group_transition(group=trial.group, to=GroupStatus.RUNNING, event="group.started")
     return lease
 
 
@@ -280,17 +283,18 @@ def trial_mark_running(
             raise ValidationFailed(f"event type {etype} is not a worker's", field="events")
     with transaction.atomic():
         run, _ = _locked_active_lease(lease_id=lease.id, fence=lease.fence, worker=worker, run_id=lease.run_id)
-        events_append(run_id=run.id, events=list(events))
-        trial = Trial.objects.select_for_update(no_key=True).get(pk=trial_id)
-        if not trial_transition(
-            trial=trial,
-            to=TrialStatus.RUNNING,
-            source={TrialStatus.WAITING},
-            event="trial.started",
-            data=data,
-            values={"need": data.get("need", {})},
-        ):
-            raise StaleLease(f"trial {trial_id} is {trial.status}, not waiting to start")
+        with run_locked(run_id=run.id):
+            events_append(run_id=run.id, events=list(events))
+            trial = Trial.objects.select_for_update(no_key=True).get(pk=trial_id)
+            if not trial_transition(
+                trial=trial,
+                to=TrialStatus.RUNNING,
+                source={TrialStatus.WAITING},
+                event="trial.started",
+                data=data,
+                values={"need": data.get("need", {})},
+            ):
+                raise StaleLease(f"trial {trial_id} is {trial.status}, not waiting to start")
 
 
 def trial_complete(*, worker: WorkerIdentity, lease: Lease, trial_id: str, outcome: TrialOutcome) -> None:
@@ -300,23 +304,26 @@ def trial_complete(*, worker: WorkerIdentity, lease: Lease, trial_id: str, outco
 
     with transaction.atomic():
         run, locked = _locked_active_lease(lease_id=lease.id, fence=lease.fence, worker=worker, run_id=lease.run_id)
-        lease_transition(lease=locked, to=LeaseStatus.COMPLETED, event="lease.completed")
-        reservations_release(lease=locked, why="its trial ended")
-        trial = (
-            Trial.objects.select_for_update(no_key=True, of=("self",)).select_related("task_version").get(pk=trial_id)
-        )
-        trial_settle(
-            run=run,
-            trial=trial,
-            status=outcome.status,
-            rewards=outcome.rewards,
-            error_type=outcome.error_type,
-            error_message=outcome.error_message,
-            timings=outcome.timings,
-        )
-        # The next trials are handed over in the same transaction (the run is locked already;
-        # their messages go once it commits), not in a second one after it.
-        trials_enqueue(run_id=run.id)
+        with run_locked(run_id=run.id):
+            lease_transition(lease=locked, to=LeaseStatus.COMPLETED, event="lease.completed")
+            reservations_release(lease=locked, why="its trial ended")
+            trial = (
+                Trial.objects.select_for_update(no_key=True, of=("self",))
+                .select_related("task_version")
+                .get(pk=trial_id)
+            )
+            trial_settle(
+                run=run,
+                trial=trial,
+                status=outcome.status,
+                rewards=outcome.rewards,
+                error_type=outcome.error_type,
+                error_message=outcome.error_message,
+                timings=outcome.timings,
+            )
+            # The next trials are handed over in the same transaction (the run is locked already;
+            # their messages go once it commits), not in a second one after it.
+            trials_enqueue(run_id=run.id)
 
 
 # --------------------------------------------------------------------------- lapse and reaper

@@ -452,6 +452,7 @@ def _run_admit(
             )
             # The returned run is what a re-read would give (its spec is cached by the
             # create above): the caller can answer without reading it back.
+            assert created is not None  # appended now: no run_locked block holds it
             run.last_event_seq = created.seq
             from apps.runs.tasks import run_schedule_task
 

@@ -27,7 +27,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from apps.core.transitions import TransitionTable
-from apps.runs.events import event_append, events_append
+from apps.runs.events import event_append, events_append, run_lock_held
 from apps.runs.models import (
     TERMINAL_STATUSES,
     TRIAL_TERMINAL,
@@ -108,10 +108,9 @@ RESERVATION_TRANSITIONS = TransitionTable(
 
 
 def _run_lock(*, run_id: str) -> None:
-    if not connection.features.has_select_for_update:
-        return  # SQLite: its writers are serialized by the database lock
-    # Raw SQL: most callers hold the lock already (a no-op for the server), and the ORM's
-    # compilation of the statement cost more than its round trip, several times a trial.
+    if not connection.features.has_select_for_update or run_lock_held(run_id=run_id):
+        return  # SQLite's writers are serialized by the database lock; or the caller holds it
+    # Raw SQL: the ORM's compilation of the statement cost more than its round trip.
     quote = connection.ops.quote_name
     with connection.cursor() as cursor:
         cursor.execute(

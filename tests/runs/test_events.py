@@ -201,3 +201,40 @@ def test_no_index_is_a_prefix_of_another(db, model):
         if i != j and long[: len(short)] == short and (len(short) < len(long) or i > j)
     ]
     assert not redundant, redundant
+
+
+@pytest.mark.django_db
+def test_under_a_held_run_lock_events_wait_for_the_block_and_moves_lock_nothing_again(alice, inputs):
+    """Inside run_locked a trial's moves lock no row of the run again, and the run's events,
+    direct appends and transitions' alike, are appended when the block ends, in the order
+    they were made, in one statement; a block that fails appends none."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.runs.events import run_locked
+    from apps.runs.models import Run, TrialStatus
+    from apps.runs.services import events_append
+    from apps.runs.transitions import trial_transition
+    from tests.runs.test_cancel import big_run
+
+    run = big_run(alice, inputs, tasks=2, attempts=1)
+    trials = list(Trial.objects.filter(run=run).order_by("pk"))
+    before = Run.objects.get(pk=run.pk).last_event_seq
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        Run.objects.select_for_update(no_key=True).get(pk=run.pk)
+        with run_locked(run_id=run.id):
+            events_append(run_id=run.id, events=[("progress.first", {})])
+            assert trial_transition(trial=trials[0], to=TrialStatus.CANCELLED, event="trial.cancelled")
+            event_append(run_id=run.id, type="progress.last", data={})
+            assert RunEvent.objects.filter(run=run, seq__gt=before).count() == 0  # held until the end
+        appended = list(RunEvent.objects.filter(run=run, seq__gt=before).order_by("seq").values_list("type", flat=True))
+    assert appended == ["progress.first", "trial.cancelled", "progress.last"]
+    locks = [q["sql"] for q in queries.captured_queries if "FOR NO KEY UPDATE" in q["sql"]]
+    assert len(locks) == 1  # the caller's own
+    assert sum("INSERT INTO" in q["sql"] and "runs_runevent" in q["sql"] for q in queries.captured_queries) == 1
+    with pytest.raises(RuntimeError), transaction.atomic():
+        Run.objects.select_for_update(no_key=True).get(pk=run.pk)
+        with run_locked(run_id=run.id):
+            event_append(run_id=run.id, type="progress.lost", data={})
+            raise RuntimeError("the block fails")
+    assert not RunEvent.objects.filter(run=run, type="progress.lost").exists()
