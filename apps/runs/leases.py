@@ -321,9 +321,9 @@ def trial_complete(*, worker: WorkerIdentity, lease: Lease, trial_id: str, outco
                 error_message=outcome.error_message,
                 timings=outcome.timings,
             )
-            # The next trials are handed over in the same transaction (the run is locked already;
-            # their messages go once it commits), not in a second one after it.
-            trials_enqueue(run_id=run.id)
+    # The next trials are handed over once the end has committed: its release (and the NOTIFY
+    # that wakes a waiting trial) is not held back by the hand-over's work under the run's lock.
+    trials_enqueue(run_id=run.id)
 
 
 # --------------------------------------------------------------------------- lapse and reaper
