@@ -131,7 +131,8 @@ class Lease(models.Model):
     """
 
     id = PrefixedIdField(prefix="lse")
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="leases")
+    # No index of its own: the (run, unit, fence) constraint leads with it.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="leases", db_index=False)
     unit = models.CharField(max_length=100, default="run")
     worker = models.ForeignKey(WorkerIdentity, on_delete=models.PROTECT, related_name="leases")
     fence = models.PositiveIntegerField()
@@ -186,7 +187,8 @@ class SamplingGroup(models.Model):
     """
 
     id = PrefixedIdField(prefix="grp")
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="groups")
+    # No index of its own: the (run, step, position) constraint leads with it.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="groups", db_index=False)
     step = models.PositiveIntegerField(default=0, help_text="training step (batch) the group belongs to")
     position = models.PositiveIntegerField(help_text="the task's position in the dataset version")
     task_version = models.ForeignKey("datasets.TaskVersion", on_delete=models.PROTECT, related_name="+")
@@ -276,7 +278,10 @@ class Artifact(models.Model):
 
     id = PrefixedIdField(prefix="art")
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="artifacts")
-    trial = models.ForeignKey(Trial, null=True, blank=True, on_delete=models.CASCADE, related_name="artifacts")
+    # No index of its own: the (trial, name) constraint leads with it.
+    trial = models.ForeignKey(
+        Trial, null=True, blank=True, on_delete=models.CASCADE, related_name="artifacts", db_index=False
+    )
     name = models.CharField(max_length=500, help_text="path relative to the trial, e.g. agent/claude-code.jsonl")
     kind = models.CharField(max_length=32, default="log")
     object = models.ForeignKey("objects.StoredObject", on_delete=models.PROTECT, related_name="+")
@@ -320,7 +325,8 @@ class Reservation(models.Model):
     the reaper with the lease, by a trials worker starting on the host, by admission itself).
     """
 
-    node = models.ForeignKey(WorkerNode, on_delete=models.CASCADE, related_name="reservations")
+    # No index of its own: the (node, status) index leads with it.
+    node = models.ForeignKey(WorkerNode, on_delete=models.CASCADE, related_name="reservations", db_index=False)
     trial = models.ForeignKey(Trial, on_delete=models.CASCADE, related_name="reservations")
     lease = models.ForeignKey(Lease, null=True, blank=True, on_delete=models.SET_NULL, related_name="reservations")
     holder = models.CharField(max_length=200, blank=True, help_text="host/boot/pid/start of the worker process")
