@@ -299,11 +299,12 @@ class _KeptListener:
         return connection.settings_dict.get("CONN_MAX_AGE", 0)
 
     def take(self) -> tuple[Any, float]:
-        """The kept connection and when it was opened, if one is live and young enough
-        (else None); the caller owns it until it gives it back."""
+        """The kept connection (None if there is none live and young enough) and when it was
+        opened; the caller owns it until it gives it back."""
         with self.lock:
             if self.pid != os.getpid():
-                self.inherited.append(self.conn)
+                if self.conn is not None:
+                    self.inherited.append(self.conn)
                 self.conn, self.pid = None, os.getpid()
             conn, opened, self.conn = self.conn, self.opened, None
         max_age = self._max_age()
