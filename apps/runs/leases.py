@@ -321,9 +321,10 @@ def trial_complete(*, worker: WorkerIdentity, lease: Lease, trial_id: str, outco
                 error_message=outcome.error_message,
                 timings=outcome.timings,
             )
-    # The next trials are handed over once the end has committed: its release (and the NOTIFY
-    # that wakes a waiting trial) is not held back by the hand-over's work under the run's lock.
-    trials_enqueue(run_id=run.id)
+    # The next trials are handed over once the end has committed (at once, or when a caller's
+    # transaction does): its release and the NOTIFY that wakes a waiting trial are not held
+    # back by the hand-over's work under the run's lock.
+    transaction.on_commit(lambda: trials_enqueue(run_id=run.id))
 
 
 # --------------------------------------------------------------------------- lapse and reaper

@@ -9,7 +9,8 @@ Lock order (as in apps.runs.services): the run row first, then its leases, trial
 and reservations. A transition of a run's record locks the run row before it claims the
 record (a no-op when the caller holds it already, which most do).
 
-Row locks are FOR NO KEY UPDATE (``select_for_update(no_key=True)``), never FOR UPDATE: they
+Row locks of runs, leases, trials, groups, reservations' nodes and trainers are FOR NO KEY
+UPDATE (``select_for_update(no_key=True)``), never FOR UPDATE: they
 exclude each other and every UPDATE of the row as FOR UPDATE does, but not the KEY SHARE
 lock a foreign-key check takes. So the insert of a row that refers to a locked one (a
 trial's artifact or reservation, a lease, another transaction's event) does not wait for

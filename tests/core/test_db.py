@@ -126,22 +126,10 @@ def _backend() -> int:
 
 
 def _in_a_new_thread(fn):
-    import threading
+    from concurrent.futures import ThreadPoolExecutor
 
-    out = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn()
-        except Exception as exc:  # noqa: BLE001 - handed to the caller
-            out["error"] = exc
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(60)
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
+    with ThreadPoolExecutor(max_workers=1) as thread:  # a thread of its own, gone after the call
+        return thread.submit(fn).result(60)
 
 
 def test_short_lived_threads_share_the_side_threads_kept_connection(kept_connections) -> None:
