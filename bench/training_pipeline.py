@@ -19,8 +19,8 @@ and its trial settles with a reward (the mean of (id mod 97) / 96 over its sampl
   and forward/backward; when the slow group settles, its own forward/backward, the optimizer
   step and the save.
 
-The training worker is a process of its own, spawned once and warmed by the first batch, as
-the training queue's worker is deployed: its interpreter is not the attempts'.
+The training worker is a process of its own, spawned once and warmed by two batches (one of
+each mode), as the training queue's worker is deployed: its interpreter is not the attempts'.
 
 Both are timed from the batch's groups made to its checkpoint recorded. ``max_abs_kl`` is the
 largest |kl_sample_train| (sampler vs trainer logprobs, staleness 0) of any group of either
@@ -52,7 +52,7 @@ class Attempts:
     """Runs a train run's attempts in-process, as trials workers and the proxy would, with
     one sampler per binding (the proxy's local sampler, adapters from the object store)."""
 
-    def __init__(self, *, prompt_tokens: int, max_tokens: int, publish: bool = False) -> None:
+    def __init__(self, *, prompt_tokens: int, max_tokens: int, workers: int, publish: bool = False) -> None:
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
         # Publish each call's evidence at once, as the evidence worker does; else the learner
@@ -60,6 +60,9 @@ class Attempts:
         self.publish = publish
         self._samplers: dict[str, Any] = {}
         self._lock = threading.Lock()
+        # The trials worker slots: threads that live for the whole bench and keep their
+        # database connections, as a trials worker's processes do.
+        self.slots = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="slot")
 
     def sampler(self, binding: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         from apps.proxy.calls import sampler_config
@@ -96,7 +99,8 @@ class Attempts:
         sampler, route = self.sampler(trial.group.sampler)
         prompt = self.prompt(position=trial.group.position)
         seed = trial.group.step * 100_000 + trial.group.position * 100 + trial.attempt
-        out = sampler.sample_blocking(
+        # In arrival order, as the proxy serves concurrent calls to a local sampler.
+        out = sampler.sample_in_turn(
             SampleRequest(prompt_ids=prompt, max_tokens=self.max_tokens, stop_token_ids=[], seed=seed)
         )
         rec = capture.CaptureRecord(
@@ -151,15 +155,12 @@ def batch_run(
     attempts: Attempts,
     run_id: str,
     step: int,
-    workers: int,
     slow_position: int | None,
     slow_seconds: float,
     on_group: Any = None,
 ) -> None:
-    """Run every attempt of ``step`` on ``workers`` threads, the slow group's first (they
+    """Run every attempt of ``step`` on the attempts' slots, the slow group's first (they
     sample, then work longest); call ``on_group(step)`` each time one of its groups settles."""
-    from django.db import connections
-
     from apps.runs.models import GroupStatus, SamplingGroup, Trial
 
     trials = list(
@@ -170,15 +171,11 @@ def batch_run(
     trials.sort(key=lambda t: t[2] != slow_position)
 
     def one(trial: tuple[str, str, int]) -> None:
-        try:
-            attempts.run(trial_id=trial[0], work_seconds=slow_seconds if trial[2] == slow_position else 0.0)
-            if on_group is not None and SamplingGroup.objects.filter(pk=trial[1], status=GroupStatus.SETTLED).exists():
-                on_group(step)
-        finally:
-            connections.close_all()  # this thread's connection
+        attempts.run(trial_id=trial[0], work_seconds=slow_seconds if trial[2] == slow_position else 0.0)
+        if on_group is not None and SamplingGroup.objects.filter(pk=trial[1], status=GroupStatus.SETTLED).exists():
+            on_group(step)
 
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(one, trials))
+    list(attempts.slots.map(one, trials))
 
 
 def training_worker(inbox: Any, outbox: Any) -> None:
@@ -276,7 +273,6 @@ def one_batch(
             attempts=attempts,
             run_id=run.id,
             step=0,
-            workers=args.workers,
             slow_position=slow,
             slow_seconds=slow_seconds,
         )
@@ -287,7 +283,6 @@ def one_batch(
             attempts=attempts,
             run_id=run.id,
             step=0,
-            workers=args.workers,
             slow_position=slow,
             slow_seconds=slow_seconds,
             on_group=lambda step: worker.send("feed", run.id, step),
@@ -385,7 +380,9 @@ def main() -> None:
     # The sampler and the trainer would be processes of their own: a core each, no thrashing.
     torch.set_num_threads(1)
     stamp = f"{int(time.time())}"
-    attempts = Attempts(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, publish=True)
+    attempts = Attempts(
+        prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, workers=args.workers, publish=True
+    )
     route_upsert(**DEFAULT_ROUTE)
     attempts.sampler({"route": DEFAULT_ROUTE["name"]})  # built once, before anything is timed
 
@@ -398,9 +395,15 @@ def main() -> None:
     )
     per_group = probe["update"].metrics["train_seconds"] / args.groups
     slow_seconds = args.slow_seconds or round(max(1.0, per_group * (args.groups - 1)), 2)
+    # And a pipelined one: the training worker's own first publish of a task (its broker
+    # connection, made once per process) and first feed are warm-up too, as they are in a
+    # worker that has been serving.
+    fed = one_batch(
+        args=args, mode="pipelined", slow_seconds=0.0, attempts=attempts, org=f"probe-fed-{stamp}", worker=worker
+    )
     print(
         f"warm-up: lockstep batch {probe['seconds']:.2f} s (sampled in {probe['sampled']:.2f} s), "
-        f"{per_group:.2f} s of training per group"
+        f"{per_group:.2f} s of training per group; pipelined batch {fed['seconds']:.2f} s"
     )
     results = {}
     for mode in ("sequential", "pipelined"):

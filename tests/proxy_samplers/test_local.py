@@ -286,3 +286,45 @@ def test_the_prompt_cache_keeps_to_its_budget_least_recent_first_out(tiny: Local
     none = LocalTorchSampler(model=tiny.model, name="none", prompt_cache_bytes=one - 1)
     assert none.sample_blocking(req()).token_ids == tiny.sample_blocking(req()).token_ids
     assert none.prompts._bytes == 0 and none.prompts.hits == 0
+
+
+def test_sample_in_turn_serves_calls_in_arrival_order(tiny: LocalTorchSampler, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads that sample through ``sample_in_turn`` run in the order they asked, as the
+    proxy's calls do (a plain lock would let a later thread go first), and get what
+    ``sample_blocking`` gives."""
+    sampler = LocalTorchSampler(model=tiny.model, name="in-turn")
+    entered: list[int] = []
+    first_in = threading.Event()
+    real = sampler.sample_blocking
+
+    def observed(request: SampleRequest, cancel: threading.Event | None = None) -> object:
+        entered.append(request.seed or 0)
+        first_in.set()
+        return real(request, cancel)
+
+    monkeypatch.setattr(sampler, "sample_blocking", observed)
+    results: dict[int, object] = {}
+
+    def call(seed: int) -> None:
+        results[seed] = sampler.sample_in_turn(req(seed=seed, max_tokens=3))
+
+    threads = [threading.Thread(target=call, args=(seed,)) for seed in (1, 2, 3, 4)]
+    with sampler._lock:  # the model is busy: the first call waits on it, the others queue
+        threads[0].start()
+        assert first_in.wait(30)
+        for queued, thread in enumerate(threads[1:], start=1):
+            thread.start()
+            # Each one in the queue before the next asks.
+            pause = threading.Event()  # never set: a 1 ms pause between looks
+            for _ in range(30_000):
+                if sampler._executor._work_queue.qsize() >= queued:
+                    break
+                pause.wait(0.001)
+            assert sampler._executor._work_queue.qsize() == queued
+    for thread in threads:
+        thread.join(30)
+    assert entered == [1, 2, 3, 4]
+    assert results[3] == real(req(seed=3, max_tokens=3))
+    asyncio.run(sampler.close())
+    with pytest.raises(SamplerError, match="closed"):
+        sampler.sample_in_turn(req())

@@ -320,6 +320,15 @@ class LocalTorchSampler(Sampler):
             cancel.set()
             raise
 
+    def sample_in_turn(self, request: SampleRequest) -> SampleResult:
+        """Synchronous sampling in arrival order, as the proxy's calls are served: on the
+        sampler's one worker thread, after every call queued before it. (Threads calling
+        ``sample_blocking`` at once take the model lock in no particular order: a call that
+        came first may run last.)"""
+        if self._closed:
+            raise SamplerError("sampler is closed")
+        return self._executor.submit(self.sample_blocking, request).result()
+
     def sample_blocking(self, request: SampleRequest, cancel: threading.Event | None = None) -> SampleResult:
         """Synchronous sampling (for threads and test servers). Holds the model lock."""
         if not request.prompt_ids:
