@@ -485,3 +485,17 @@ class LocalSandboxEnvironment(BaseEnvironment):
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
         await self.sandbox.download_dir(str(source_dir), target_dir)
+
+    async def download_dir_with_exclusions(
+        self, *, source_dir: str, target_dir: Path | str, exclude: list[str]
+    ) -> None:
+        # Harbor packs the directory with `tar --exclude` inside the sandbox, fetches and
+        # unpacks the archive, then removes it: two processes spawned into the sandbox and a
+        # gzip round trip. Inside a writable directory the host copies it instead, the same
+        # entries excluded, never through a symlink (as download_dir).
+        target = Path(target_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        try:
+            await self.sandbox.download_dir(str(source_dir), target, exclude=exclude)
+        except SandboxPathError:
+            await super().download_dir_with_exclusions(source_dir=source_dir, target_dir=target, exclude=exclude)

@@ -8,14 +8,32 @@ rejected with SandboxPathError.
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import os
+import re
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from synth_sandbox import hostfs
 from synth_sandbox.errors import SandboxPathError
 from synth_sandbox.paths import normalize_container_path
+
+
+def tar_excluded(*, patterns: Sequence[str]) -> Callable[[str], bool]:
+    """Whether a path relative to a copied directory is excluded by ``patterns`` as GNU tar's
+    ``--exclude`` excludes it from ``tar -C dir .`` (Harbor's tar-based download): by
+    default not anchored and with wildcards that match "/", so a pattern excludes a member
+    ("./a/b") when it matches the whole name or any tail that starts after a "/" ("a/b",
+    "b"); a directory it excludes goes with everything under it."""
+    compiled = [re.compile(fnmatch.translate(p)) for p in patterns if p]
+
+    def excluded(rel: str) -> bool:
+        name = f"./{rel}"
+        tails = [name] + [name[i + 1 :] for i, c in enumerate(name) if c == "/"]
+        return any(pattern.match(tail) for pattern in compiled for tail in tails)
+
+    return excluded
 
 
 class SandboxFiles:
@@ -137,8 +155,10 @@ class SandboxFiles:
 
         await asyncio.to_thread(run)
 
-    async def download_dir(self, source: str, target: Path | str) -> None:
+    async def download_dir(self, source: str, target: Path | str, *, exclude: Sequence[str] = ()) -> None:
+        """Copy a directory out, without the entries ``exclude`` names (tar_excluded)."""
         root, parts = self._locate(source)
+        excluded = tar_excluded(patterns=exclude) if exclude else None
 
         def run() -> None:
             try:
@@ -146,6 +166,6 @@ class SandboxFiles:
             except hostfs.UnsafePathError as exc:
                 raise FileNotFoundError(f"{source} is not a directory in the sandbox") from exc
             with hostfs.closing_fd(dir_fd):
-                hostfs.copy_tree_out(dir_fd, Path(target))
+                hostfs.copy_tree_out(dir_fd, Path(target), excluded=excluded)
 
         await asyncio.to_thread(run)

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -164,14 +164,18 @@ def read_file(dir_fd: int, name: str, target: Path) -> None:
             os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
-def copy_tree_out(src_fd: int, target: Path) -> None:
-    """Copy the directory src_fd to the host directory target; skip links and special files."""
+def copy_tree_out(src_fd: int, target: Path, *, excluded: Callable[[str], bool] | None = None, _rel: str = "") -> None:
+    """Copy the directory src_fd to the host directory target; skip links and special files,
+    and entries (with their subtrees) whose path relative to src_fd ``excluded`` refuses."""
     target.mkdir(parents=True, exist_ok=True)
     with os.scandir(src_fd) as entries:
         names = [
             (e.name, e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False), e.is_symlink()) for e in entries
         ]
     for name, is_dir, is_file, is_link in names:
+        rel = f"{_rel}{name}"
+        if excluded is not None and excluded(rel):
+            continue
         if is_link:
             logger.debug("not downloading symlink %s", name)
         elif is_dir:
@@ -180,7 +184,7 @@ def copy_tree_out(src_fd: int, target: Path) -> None:
             except OSError:
                 continue  # replaced by a symlink in between, or removed: skip
             with closing_fd(sub):
-                copy_tree_out(sub, target / name)
+                copy_tree_out(sub, target / name, excluded=excluded, _rel=f"{rel}/")
         elif is_file:
             try:
                 read_file(src_fd, name, target / name)
