@@ -39,6 +39,7 @@ import json
 import math
 import shlex
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -171,14 +172,23 @@ class RecipeAgent(BaseAgent):
             )
         self.logger.info("%s", (result.stdout or "").strip())
 
-    async def _upload_text(self, environment: BaseEnvironment, *, path: str, content: str, mode: str) -> None:
+    async def _upload_texts(
+        self, environment: BaseEnvironment, *, files: list[tuple[str, str, str]], then: Sequence[str] = ()
+    ) -> None:
+        """Upload each (path, content, mode), then set every mode, and run ``then``, in one
+        command as root (each exec is a process spawned into the environment)."""
         # upload_file rather than a heredoc in exec: content can be anything (quotes,
         # NULs aside) and large, and it never appears in a command line or exec log.
         with tempfile.TemporaryDirectory() as tmp:
-            source = Path(tmp) / "content"
-            source.write_text(content, encoding="utf-8")
-            await environment.upload_file(source_path=source, target_path=path)
-        await self._root(environment, f"chmod {mode} {_q(path)}")
+            for i, (path, content, _) in enumerate(files):
+                source = Path(tmp) / str(i)
+                source.write_text(content, encoding="utf-8")
+                await environment.upload_file(source_path=source, target_path=path)
+        by_mode: dict[str, list[str]] = {}
+        for path, _, mode in files:
+            by_mode.setdefault(mode, []).append(path)
+        modes = [f"chmod {mode} " + " ".join(_q(p) for p in paths) for mode, paths in sorted(by_mode.items())]
+        await self._root(environment, " && ".join([*modes, *then]))
 
     async def setup(self, environment: BaseEnvironment) -> None:
         plan = self.plan
@@ -194,16 +204,14 @@ class RecipeAgent(BaseAgent):
         state_dirs = [plan.env[name] for name in STATE_DIR_ENV if name in plan.env]
         dirs = {plan.logs_dir, plan.workdir, *state_dirs, *(str(Path(path).parent) for path, _, _ in uploads)}
         await self._root(environment, "mkdir -p " + " ".join(_q(d) for d in sorted(dirs)))
-        await self._upload_text(
-            environment, path=self._plan_path, content=json.dumps(plan.to_dict(), indent=2, sort_keys=True), mode="0644"
-        )
-        for path, content, mode in uploads:
-            await self._upload_text(environment, path=path, content=content, mode=mode)
+        plan_file = (self._plan_path, json.dumps(plan.to_dict(), indent=2, sort_keys=True), "0644")
+        owner: list[str] = []
         user = environment.default_user
         if user not in (None, "root", 0):
             # Uploads land as root; the agent (the task's [agent].user) must own its files.
             owned = [plan.workdir, *(path for path, _, _ in uploads), *state_dirs]
-            await self._root(environment, f"chown -R {_q(str(user))} " + " ".join(_q(p) for p in owned))
+            owner.append(f"chown -R {_q(str(user))} " + " ".join(_q(p) for p in owned))
+        await self._upload_texts(environment, files=[plan_file, *uploads], then=owner)
 
         env = plan.exec_env()
         for i, command in enumerate(plan.setup):

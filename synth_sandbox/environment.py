@@ -25,9 +25,10 @@ import logging
 import re
 import secrets
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, ClassVar, Literal
 
 from harbor.environments.base import BaseEnvironment, ExecResult
@@ -467,6 +468,22 @@ class LocalSandboxEnvironment(BaseEnvironment):
             return await self.sandbox.is_dir(path)
         except SandboxPathError:
             return await super().is_dir(path, user=user)
+
+    async def empty_dirs(self, dirs: Sequence[str | PurePath], *, chmod: bool = True) -> ExecResult | None:
+        # Harbor empties them with a shell command spawned into the sandbox (before every
+        # verification, among others). Inside the writable directories the host does it,
+        # as that command does (a symlink or file in the way replaced by a directory, the
+        # content removed, never through a symlink, mode 777 with ``chmod``); others are
+        # left to the command.
+        rest = []
+        for path in dirs:
+            try:
+                await self.sandbox.empty_dir(str(path), mode=0o777 if chmod else None)
+            except SandboxPathError:
+                rest.append(path)
+        if rest:
+            return await super().empty_dirs(rest, chmod=chmod)
+        return ExecResult(stdout=None, stderr=None, return_code=0) if dirs else None
 
     async def is_file(self, path: str, user: str | int | None = None) -> bool:
         try:

@@ -93,6 +93,20 @@ class SandboxFiles:
 
         await asyncio.to_thread(run)
 
+    async def empty_dir(self, target: str, *, mode: int | None = None) -> None:
+        """``mkdir -p`` of a directory inside a writable directory (a symlink or file in the
+        way replaced), then everything inside it removed (never through a symlink); with
+        ``mode``, its mode set."""
+        root, parts = self._locate(target)
+
+        def run() -> None:
+            with hostfs.closing_fd(hostfs.open_dir(root, parts, create=True, owner=self._owner)) as fd:
+                hostfs.empty_dir(fd)
+                if mode is not None:
+                    os.fchmod(fd, mode)
+
+        await asyncio.to_thread(run)
+
     async def is_dir(self, target: str) -> bool:
         """Whether a path inside a writable directory is a directory (never through a symlink)."""
         root, parts = self._locate(target)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -65,6 +66,22 @@ def open_dir(root: Path, parts: Sequence[str], *, create: bool, owner: tuple[int
     except BaseException:
         os.close(fd)
         raise
+
+
+def empty_dir(dir_fd: int) -> None:
+    """Remove everything inside the directory dir_fd (subtrees by their fds: a symlink in
+    it is removed, never followed)."""
+    with os.scandir(dir_fd) as entries:
+        names = [e.name for e in entries]
+    for name in names:
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(name, dir_fd=dir_fd)
+        else:
+            os.unlink(name, dir_fd=dir_fd)
 
 
 def _ensure_dir_entry(dir_fd: int, name: str, owner: tuple[int, int] | None, mode: int = 0o755) -> None:

@@ -1,6 +1,7 @@
-"""Downloads that leave entries out, as Harbor's tar-based download does with ``tar --exclude``:
-the matcher against GNU tar itself, and the environment's host copy against Harbor's own
-tar path on the same sandbox."""
+"""What the local environment does on the host instead of spawning a command into the
+sandbox, checked against that command: downloads that leave entries out (the matcher against
+GNU tar itself, the copy against Harbor's tar path on the same sandbox) and emptying
+directories before verification (against Harbor's command, symlinks never followed)."""
 
 from __future__ import annotations
 
@@ -103,3 +104,40 @@ def test_environment_download_with_exclusions_matches_harbors_tar_path(tmp_path:
     assert "src/m.py" in _files(tmp_path / "host") and "logs/run.log" not in _files(tmp_path / "host")
     for rel in _files(tmp_path / "tar"):
         assert (tmp_path / "host" / rel).read_bytes() == (tmp_path / "tar" / rel).read_bytes()
+
+
+@requires_sandbox
+@requires_root
+@pytest.mark.timeout(60)
+def test_environment_empties_dirs_on_the_host_as_harbors_command_does(tmp_path: Path) -> None:
+    """Before verification /tests and /logs/verifier are emptied: on the host now, to the
+    same result as Harbor's command (a symlink in the way replaced by a directory, the
+    content gone, mode 777), and nothing the sandbox's symlinks point at on the host is
+    touched."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("host")
+    env = _environment(make_task(tmp_path), tmp_path / "trial")
+    plant = (
+        "mkdir -p /tests/sub/deep && echo x > /tests/sub/deep/f && echo y > /tests/.hidden && "
+        f"ln -s {victim} /tests/link && ln -s {victim}/keep.txt /tests/filelink && "
+        f"rm -rf /logs/verifier && ln -s {victim} /logs/verifier"
+    )
+    show = "ls -A /tests /logs/verifier; stat -c '%n %a %F' /tests /logs/verifier"
+
+    async def main() -> tuple[str | None, str | None]:
+        await env.start(force_build=False)
+        try:
+            await env.exec(plant, user="root")
+            await env.empty_dirs(["/tests", "/logs/verifier"], chmod=True)
+            host = (await env.exec(show)).stdout
+            await env.exec(plant, user="root")
+            await BaseEnvironment.empty_dirs(env, ["/tests", "/logs/verifier"], chmod=True)
+            return host, (await env.exec(show)).stdout
+        finally:
+            await env.stop(delete=True)
+
+    host, command = run(main())
+    assert host == command
+    assert host == "/logs/verifier:\n\n/tests:\n/tests 777 directory\n/logs/verifier 777 directory\n"
+    assert sorted(p.name for p in victim.iterdir()) == ["keep.txt"] and (victim / "keep.txt").read_text() == "host"
