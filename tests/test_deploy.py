@@ -55,6 +55,11 @@ def test_every_queue_has_workers_and_training_has_one_consumer():
     assert set(consumers) == {q.value for q in Queue}
     ((_, training),) = consumers["training"]
     assert training[training.index("-c") + 1] == "1"
+    # A trials worker runs one process more than its slots: the next trial is made ready meanwhile.
+    for _, command in consumers["trials"]:
+        container = next(c for cs in _containers(_documents()).values() for c in cs if c["command"] == command)
+        slots = next(int(e["value"]) for e in container["env"] if e["name"] == "SYNTH_WORKER_SLOTS")
+        assert int(command[command.index("-c") + 1]) == slots + 1
     workers = {d["metadata"]["name"]: d for d in _documents() if d["kind"] == "Deployment"}
     assert workers["synth-worker-training"]["spec"]["replicas"] == 1
     assert workers["synth-scheduler"]["spec"]["replicas"] == 1  # one beat: one reaper schedule
