@@ -94,6 +94,15 @@ def lease_claim(*, worker: WorkerIdentity, unit: str = "run") -> Lease | None:
 
 def trial_claim(*, worker: WorkerIdentity, trial_id: str, node_name: str) -> Lease | None:
     """Lease a trial for this worker, or None if it is settled or someone holds it."""
+    claimed = trial_claim_read(worker=worker, trial_id=trial_id, node_name=node_name)
+    return claimed[0] if claimed is not None else None
+
+
+def trial_claim_read(
+    *, worker: WorkerIdentity, trial_id: str, node_name: str, related: Sequence[str] = ()
+) -> tuple[Lease, Trial] | None:
+    """``trial_claim``, and the claimed trial as it now is, with its ``related`` rows read
+    in the same statement (a worker's claim then needs no read of its own)."""
     now = timezone.now()
     with transaction.atomic():
         run_id = Trial.objects.filter(pk=trial_id).values_list("run_id", flat=True).first()
@@ -103,7 +112,7 @@ def trial_claim(*, worker: WorkerIdentity, trial_id: str, node_name: str) -> Lea
         with run_locked(run_id=run.id):
             trial = (
                 Trial.objects.select_for_update(no_key=True, of=("self",))
-                .select_related("group", "task_version")
+                .select_related("group", "task_version", *related)
                 .get(pk=trial_id)
             )
             if trial.is_terminal:
@@ -139,7 +148,7 @@ def trial_claim(*, worker: WorkerIdentity, trial_id: str, node_name: str) -> Lea
             )
             if trial.group.status == GroupStatus.PENDING:
                 group_transition(group=trial.group, to=GroupStatus.RUNNING, event="group.started")
-    return lease
+    return lease, trial
 
 
 # --------------------------------------------------------------------------- the holder's writes

@@ -30,7 +30,7 @@ from apps.accounts.models import WorkerIdentity
 from apps.core.db import TRANSIENT_DB_ERRORS, db_retry
 from apps.core.errors import NotFound, StaleLease
 from apps.datasets.services import task_version_materialize
-from apps.runs.leases import trial_claim, trial_complete, trial_mark_running
+from apps.runs.leases import trial_claim_read, trial_complete, trial_mark_running
 from apps.runs.models import Lease, LeaseStatus, Reservation, Trial, TrialStatus, WorkerNode
 from apps.runs.settlement import TrialOutcome
 from apps.trials.admission import (
@@ -198,11 +198,7 @@ def _claim(*, trial_id: str) -> HeldTrial | None:
     assert worker is not None
     # A claim whose commit was not acknowledged looks held on a repeat: the lease then
     # lapses unused and the reaper hands the trial out again.
-    lease = db_retry(
-        write=lambda: trial_claim(worker=worker, trial_id=trial_id, node_name=node.name), what=f"claim of {trial_id}"
-    )
-    if lease is None:
-        return None
+    # The claim reads what the attempt needs of the trial with it.
     related = (
         "run__org",
         "run__spec__actor_version",
@@ -210,7 +206,13 @@ def _claim(*, trial_id: str) -> HeldTrial | None:
         "task_version__archive",
         "group__actor",
     )
-    trial = db_retry(write=lambda: Trial.objects.select_related(*related).get(pk=trial_id), what=f"trial {trial_id}")
+    claimed = db_retry(
+        write=lambda: trial_claim_read(worker=worker, trial_id=trial_id, node_name=node.name, related=related),
+        what=f"claim of {trial_id}",
+    )
+    if claimed is None:
+        return None
+    lease, trial = claimed
     return HeldTrial(worker=worker, node=node, lease=lease, trial=trial, keeper=LeaseKeeper(worker=worker, lease=lease))
 
 

@@ -65,3 +65,26 @@ def test_a_released_trial_lease_gives_back_the_trial_not_the_run(run):
     assert trial.status == "pending" and run.status == "running"
     types = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True))
     assert types[-2:] == ["lease.released", "trial.requeued"]
+
+
+def test_a_claim_reads_the_trial_as_claimed_with_what_it_asks_for(run, django_assert_num_queries):
+    from apps.runs.leases import trial_claim_read
+
+    trial = run.trials.select_related("task_version").order_by("id").first()
+    actor_version, archive = run.spec.actor_version_id, trial.task_version.archive_id
+    claimed = trial_claim_read(
+        worker=worker_get_or_create(name="w1"),
+        trial_id=trial.id,
+        node_name="n",
+        related=("run__spec__actor_version", "task_version__archive"),
+    )
+    assert claimed is not None
+    lease, got = claimed
+    with django_assert_num_queries(0):  # read with the claim, and as it now is
+        assert (got.id, got.status, got.tries, got.worker_node) == (trial.id, "waiting", 1, "n")
+        assert got.group.status == "running" and got.run.spec.actor_version_id == actor_version
+        assert got.task_version.archive_id == archive
+    assert (
+        lease.unit == f"trial:{trial.id}"
+        and trial_claim_read(worker=worker_get_or_create(name="w2"), trial_id=trial.id, node_name="n") is None
+    )  # held
