@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime
 from typing import IO, Literal
@@ -41,6 +43,28 @@ GRANT_METADATA = "synth-grant"
 PUT_THREADS = 8
 
 PutResult = Literal["created", "present"]
+
+# The process' writers, made on first use and kept: a trial publishes a few objects, and
+# starting threads for each batch cost more than the writes. A forked child (a Celery pool
+# process) inherits the object but not its threads, so it makes its own.
+_writers: ThreadPoolExecutor | None = None
+_writers_lock = threading.Lock()
+
+
+def _writers_pool() -> ThreadPoolExecutor:
+    global _writers
+    with _writers_lock:
+        if _writers is None:
+            _writers = ThreadPoolExecutor(max_workers=PUT_THREADS, thread_name_prefix="object-put")
+        return _writers
+
+
+def _writers_forget() -> None:
+    global _writers, _writers_lock
+    _writers, _writers_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_writers_forget)
 
 
 class ChecksumMismatch(ValidationFailed):
@@ -135,13 +159,16 @@ class ObjectStore(ABC):
         """``put`` of each (sha256, bytes) pair, by sha256: a batch the caller holds in
         memory (a dataset's task archives, a trial's evidence). Written from a few threads;
         the first failure is raised once every write has ended."""
-        with ThreadPoolExecutor(max_workers=PUT_THREADS) as pool:
-            results = list(
-                pool.map(
-                    lambda item: self.put(sha256=item[0], size=len(item[1]), body=item[1], content_type=content_type),
-                    items,
-                )
-            )
+
+        def one(item: tuple[str, bytes]) -> PutResult:
+            return self.put(sha256=item[0], size=len(item[1]), body=item[1], content_type=content_type)
+
+        if len(items) <= 1:
+            results = [one(item) for item in items]
+        else:
+            futures = [_writers_pool().submit(one, item) for item in items]
+            wait(futures)
+            results = [future.result() for future in futures]
         return {sha256: result for (sha256, _), result in zip(items, results, strict=True)}
 
     @abstractmethod

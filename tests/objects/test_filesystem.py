@@ -318,3 +318,33 @@ def test_a_small_batch_is_put_object_by_object(fs_store, monkeypatch):
     assert fs_store.put_many(items=[(sha(b), b) for b in blobs], content_type="x") == {sha(b): "created" for b in blobs}
     assert fs_store.put_many(items=[(sha(b"one"), b"one")], content_type="x") == {sha(b"one"): "present"}
     assert leftovers(fs_store) == []
+
+
+def test_batches_share_the_process_writers_and_a_forked_child_makes_its_own(fs_store):
+    """A small batch is written by the process' kept writer threads (none started per
+    batch); a forked child (a Celery pool process) writes with threads of its own."""
+    import threading
+
+    from apps.objects.contract import PUT_THREADS
+
+    def writers() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name.startswith("object-put")}
+
+    first = [f"first {i}".encode() for i in range(5)]
+    assert fs_store.put_many(items=[(sha(b), b) for b in first], content_type="x") == {sha(b): "created" for b in first}
+    kept = writers()
+    assert 1 <= len(kept) <= PUT_THREADS
+    again = [f"again {i}".encode() for i in range(5)]
+    assert fs_store.put_many(items=[(sha(b), b) for b in again], content_type="x") == {sha(b): "created" for b in again}
+    assert kept <= writers() and len(writers()) <= PUT_THREADS  # the same threads, still there
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports by its exit status
+        try:
+            blobs = [f"child {i}".encode() for i in range(3)]
+            ok = fs_store.put_many(items=[(sha(b), b) for b in blobs], content_type="x") == {
+                sha(b): "created" for b in blobs
+            }
+            os._exit(0 if ok and all(fs_store.verify(sha256=sha(b), size=len(b)) for b in blobs) else 1)
+        except BaseException:
+            os._exit(2)
+    assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
