@@ -52,7 +52,7 @@ class Attempts:
     """Runs a train run's attempts in-process, as trials workers and the proxy would, with
     one sampler per binding (the proxy's local sampler, adapters from the object store)."""
 
-    def __init__(self, *, prompt_tokens: int, max_tokens: int, workers: int, publish: bool = False) -> None:
+    def __init__(self, *, prompt_tokens: int, max_tokens: int, workers: int = 8, publish: bool = False) -> None:
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
         # Publish each call's evidence at once, as the evidence worker does; else the learner
@@ -130,7 +130,7 @@ class Attempts:
             logprobs=out.logprobs,
             finish=out.finish,
         )
-        interaction = capture.interaction_stage(rec=rec, compact=False)
+        interaction = capture.interaction_stage(rec=rec)  # packed prompt ids, as the proxy stages them
         capture.interaction_settle(interaction_id=interaction.id, delivery=Delivery.DELIVERED)
         if self.publish:  # the evidence worker's part (queue "evidence"), as soon as the call settled
             capture.interaction_publish(interaction_id=interaction.id)
