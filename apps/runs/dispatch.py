@@ -18,7 +18,7 @@ import fnmatch
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.datasets.models import TaskVersion
@@ -246,18 +246,30 @@ def _batch_groups_add(
 
 
 def trials_enqueue(*, run_id: str) -> list[str]:
-    """Hand pending trials to the trials queue, keeping at most max_concurrency in flight."""
+    """Hand pending trials to the trials queue, keeping at most max_concurrency in flight.
+
+    Serialized per run by a lock of the hand-over's own, not the run's row: every trial
+    transition of the run (claim, start, end, their events) takes the row, and a hand-over
+    after each trial's end queued behind them, holding up the process that would take the
+    next trial. What it reads unlocked can only be overtaken harmlessly: a trial cancelled,
+    or claimed by another message, meanwhile is locked first (or skipped while another
+    holds it) and re-read, and a message for a trial that is no longer pending is dropped
+    by the claim."""
     from apps.trials.tasks import trial_execute_task
 
     with transaction.atomic():
-        run = Run.objects.select_for_update(no_key=True, of=("self",)).select_related("spec").get(pk=run_id)
+        _dispatch_lock(run_id=run_id)
+        run = Run.objects.select_related("spec").get(pk=run_id)
         if run.status != RunStatus.RUNNING:
             return []
         limit = run.spec.plan.get("max_concurrency", 8)
         in_flight = Trial.objects.filter(run=run, queued_at__isnull=False).exclude(status__in=TRIAL_TERMINAL).count()
         capacity = max(0, limit - in_flight)
+        if not capacity:
+            return []
         ids = list(
-            Trial.objects.filter(run=run, status=TrialStatus.PENDING, queued_at__isnull=True)
+            Trial.objects.select_for_update(no_key=True, skip_locked=True)
+            .filter(run=run, status=TrialStatus.PENDING, queued_at__isnull=True)
             .order_by("id")
             .values_list("id", flat=True)[:capacity]
         )
@@ -265,3 +277,16 @@ def trials_enqueue(*, run_id: str) -> list[str]:
             Trial.objects.filter(pk__in=ids).update(queued_at=timezone.now())
             transaction.on_commit(lambda: [trial_execute_task.delay(tid) for tid in ids])
     return ids
+
+
+# A namespace for the hand-over's advisory locks (the first key of the two-key form).
+DISPATCH_LOCK_SPACE = 0x5E71
+
+
+def _dispatch_lock(*, run_id: str) -> None:
+    """Lock the run's hand-over until the transaction ends. PostgreSQL: an advisory lock
+    keyed by the run; SQLite's transactions are immediate (settings.py), serialized already."""
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [DISPATCH_LOCK_SPACE, run_id])

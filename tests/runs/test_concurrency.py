@@ -115,3 +115,108 @@ def test_rows_referring_to_a_locked_run_and_lease_are_inserted_without_waiting(a
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = 0")
     assert not failures, failures
+
+
+def _holding(hold, holding: threading.Event, release: threading.Event, failures: list[BaseException]) -> None:
+    """Run ``hold`` in a transaction of this thread's own connection and keep it open until
+    ``release`` is set."""
+    from django.db import transaction
+
+    try:
+        with transaction.atomic():
+            hold()
+            holding.set()
+            release.wait(60)
+    except BaseException as exc:  # noqa: BLE001 - reported by the test
+        failures.append(exc)
+    finally:
+        holding.set()
+        connections.close_all()
+
+
+def _enqueue_without_waiting(run_id: str) -> list[str]:
+    """trials_enqueue under a lock timeout: a lock it would wait for is an error, not a wait."""
+    from django.db import transaction
+
+    from apps.runs.dispatch import trials_enqueue
+
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '50ms'")
+        return trials_enqueue(run_id=run_id)
+
+
+def test_a_hand_over_does_not_queue_behind_the_run_row_but_behind_another_hand_over(alice, inputs):
+    """Every trial transition of a run locks its row; the hand-over of the next trials
+    after each trial's end takes a lock of its own instead, which only another hand-over
+    of the same run holds."""
+    from django.db.utils import OperationalError
+
+    from apps.runs.dispatch import DISPATCH_LOCK_SPACE
+    from apps.runs.models import Trial
+    from tests.runs.test_cancel import big_run
+
+    run = big_run(alice, inputs, tasks=12, attempts=1)
+    Trial.objects.filter(run=run).update(queued_at=None)  # none handed over yet
+
+    def run_row() -> None:
+        Run.objects.select_for_update(no_key=True).get(pk=run.pk)
+
+    def hand_over() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [DISPATCH_LOCK_SPACE, run.id])
+
+    # The run's row held by a transition: the hand-over goes ahead.
+    holding, release, failures = threading.Event(), threading.Event(), []
+    holder = threading.Thread(target=_holding, args=(run_row, holding, release, failures))
+    holder.start()
+    try:
+        assert holding.wait(60) and not failures, failures
+        ids = _enqueue_without_waiting(run.id)
+    finally:
+        release.set()
+        holder.join(60)
+    assert not failures, failures
+    assert len(ids) == 8  # the plan's default max_concurrency
+    assert Trial.objects.filter(run=run, queued_at__isnull=False).count() == 8
+
+    # Another hand-over of the run in progress: this one waits for it.
+    Trial.objects.filter(run=run).update(queued_at=None)
+    holding, release, failures = threading.Event(), threading.Event(), []
+    holder = threading.Thread(target=_holding, args=(hand_over, holding, release, failures))
+    holder.start()
+    try:
+        assert holding.wait(60) and not failures, failures
+        with pytest.raises(OperationalError, match="lock timeout"):
+            _enqueue_without_waiting(run.id)
+    finally:
+        release.set()
+        holder.join(60)
+    assert not failures, failures
+    assert Trial.objects.filter(run=run, queued_at__isnull=False).count() == 0  # nothing half done
+    assert len(_enqueue_without_waiting(run.id)) == 8
+
+
+def test_a_hand_over_skips_a_trial_a_cancel_is_ending(alice, inputs):
+    """A trial locked by a transaction that ends it (a cancel) is not handed over."""
+    from apps.runs.models import Trial, TrialStatus
+    from tests.runs.test_cancel import big_run
+
+    run = big_run(alice, inputs, tasks=3, attempts=1)
+    Trial.objects.filter(run=run).update(queued_at=None)
+    first = Trial.objects.filter(run=run).order_by("pk").first()
+
+    def cancel_first() -> None:
+        Trial.objects.filter(pk=first.pk).update(status=TrialStatus.CANCELLED)
+
+    holding, release, failures = threading.Event(), threading.Event(), []
+    holder = threading.Thread(target=_holding, args=(cancel_first, holding, release, failures))
+    holder.start()
+    try:
+        assert holding.wait(60) and not failures, failures
+        ids = _enqueue_without_waiting(run.id)
+    finally:
+        release.set()
+        holder.join(60)
+    assert not failures, failures
+    assert first.pk not in ids and len(ids) == 2
