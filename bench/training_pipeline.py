@@ -4,6 +4,7 @@ one JSON object {"sequential_s", "pipelined_s", "ratio", "max_abs_kl", "stalenes
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/synth_bench .venv/bin/python bench/training_pipeline.py \\
         [--groups 8] [--group-size 2] [--prompt-tokens 1500] [--max-tokens 4] [--slow-seconds 0 (calibrated)]
+        [--pairs 3]
 
 Each mode is its own train run (same tasks, same seeds, so the same tokens and rewards) in
 its own organization. Attempts run on ``--workers`` threads as trials workers would: each
@@ -22,9 +23,11 @@ and its trial settles with a reward (the mean of (id mod 97) / 96 over its sampl
 The training worker is a process of its own, spawned once and warmed by two batches (one of
 each mode), as the training queue's worker is deployed: its interpreter is not the attempts'.
 
-Both are timed from the batch's groups made to its checkpoint recorded. ``max_abs_kl`` is the
-largest |kl_sample_train| (sampler vs trainer logprobs, staleness 0) of any group of either
-update, and the two updates' adapter weights are compared (``weights_max_abs_diff``). The
+Both are timed from the batch's groups made to its checkpoint recorded, in ``--pairs``
+pairs of batches whose order alternates; the figures are the pair with the median ratio.
+``max_abs_kl`` is the largest |kl_sample_train| (sampler vs trainer logprobs, staleness 0)
+of any group of any update, and every update's adapter weights are compared
+(``weights_max_abs_diff``). The
 database in DATABASE_URL is created if missing and migrated; the broker is in memory (no
 Celery worker runs: the bench calls the services).
 """
@@ -351,6 +354,9 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=2)
     parser.add_argument("--prompt-tokens", type=int, default=1500)
     parser.add_argument("--max-tokens", type=int, default=4)
+    parser.add_argument(
+        "--pairs", type=int, default=3, help="lockstep and pipelined batches measured, in alternated order"
+    )
     parser.add_argument("--workers", type=int, default=8, help="attempts running at once (trials worker slots)")
     parser.add_argument(
         "--slow-seconds", type=float, default=0.0, help="extra time each attempt of the slow group takes (0: calibrate)"
@@ -405,48 +411,73 @@ def main() -> None:
         f"warm-up: lockstep batch {probe['seconds']:.2f} s (sampled in {probe['sampled']:.2f} s), "
         f"{per_group:.2f} s of training per group; pipelined batch {fed['seconds']:.2f} s"
     )
-    results = {}
-    for mode in ("sequential", "pipelined"):
-        results[mode] = one_batch(
-            args=args, mode=mode, slow_seconds=slow_seconds, attempts=attempts, org=f"{mode}-{stamp}", worker=worker
-        )
-        m = results[mode]["update"].metrics
-        print(
-            f"{mode:>10}: {results[mode]['seconds']:.2f} s from batch start to saved checkpoint "
-            f"({args.groups} groups x {args.group_size}, slow group +{slow_seconds:.2f} s per attempt; first group "
-            f"settled at {results[mode]['first']:.2f} s, last at {results[mode]['sampled']:.2f} s); "
-            f"training {m['train_seconds']:.2f} s after the last group, {m['groups_submitted_late']} groups' "
-            f"forward/backward then, save {m['save_seconds']:.2f} s; kl_sample_train {m['kl_sample_train']:.2e}"
-        )
+    # Pairs of batches, the order alternated (this machine's speed drifts by a few percent
+    # within a minute); the figures are the pair with the median ratio, every ratio printed.
+    pairs: list[dict[str, Any]] = []
+    for index in range(args.pairs):
+        order = ("sequential", "pipelined") if index % 2 == 0 else ("pipelined", "sequential")
+        results = {}
+        for mode in order:
+            results[mode] = one_batch(
+                args=args,
+                mode=mode,
+                slow_seconds=slow_seconds,
+                attempts=attempts,
+                org=f"{mode}-{stamp}-{index}",
+                worker=worker,
+            )
+            m = results[mode]["update"].metrics
+            print(
+                f"{mode:>10}: {results[mode]['seconds']:.2f} s from batch start to saved checkpoint "
+                f"({args.groups} groups x {args.group_size}, slow group +{slow_seconds:.2f} s per attempt; first "
+                f"group settled at {results[mode]['first']:.2f} s, last at {results[mode]['sampled']:.2f} s); "
+                f"training {m['train_seconds']:.2f} s after the last group, {m['groups_submitted_late']} groups' "
+                f"forward/backward then, save {m['save_seconds']:.2f} s; kl_sample_train {m['kl_sample_train']:.2e}"
+            )
+        results["ratio"] = results["pipelined"]["seconds"] / results["sequential"]["seconds"]
+        pairs.append(results)
     worker.close()
+    ratios = [pair["ratio"] for pair in pairs]
+    results = sorted(pairs, key=lambda pair: pair["ratio"])[len(pairs) // 2]
     pipelined = results["pipelined"]["update"]
     sequential = results["sequential"]["update"]
+    updates = [pair[mode]["update"] for pair in pairs for mode in ("sequential", "pipelined")]
     # Per group, not the batch's mean (whose terms of either sign can cancel): the largest
-    # |mean of sampler - trainer logprob| over the trained tokens of any group of either update.
-    kls = [abs(v) for v in pipelined.metrics["kl_sample_train_by_staleness"].values()]
-    kls.append(abs(sequential.metrics["kl_sample_train"]))
+    # |mean of sampler - trainer logprob| over the trained tokens of any group of any update.
+    kls = [
+        abs(v)
+        for u in updates
+        if u.metrics.get("kl_sample_train_by_staleness")
+        for v in u.metrics["kl_sample_train_by_staleness"].values()
+    ]
+    kls += [abs(u.metrics["kl_sample_train"]) for u in updates]
     kls += [
         abs(kl_sum / tokens)
         for kl_sum, tokens in GroupContribution.objects.filter(
-            update__in=[pipelined, sequential], metrics__kl_tokens__gt=0
+            update__in=updates, metrics__kl_tokens__gt=0
         ).values_list("metrics__kl_sum", "metrics__kl_tokens")
     ]
-    a, b = adapter_weights(sequential.checkpoint), adapter_weights(pipelined.checkpoint)
-    diff = max(float((a[k] - b[k]).abs().max()) for k in a)
+    # Every update of the same batch, fed group by group or lockstep, gives the same adapter.
+    a = adapter_weights(sequential.checkpoint)
+    diff = max(float((a[k] - b[k]).abs().max()) for b in (adapter_weights(u.checkpoint) for u in updates) for k in a)
     scale = max(float(t.abs().max()) for t in a.values())
-    ratio = results["pipelined"]["seconds"] / results["sequential"]["seconds"]
-    for mode in results:
+    ratio = results["ratio"]
+    for mode in ("sequential", "pipelined"):
         print(
             f"{mode:>10} after the last group: " + ", ".join(f"{k} {v}" for k, v in results[mode]["breakdown"].items())
         )
-    print(f"pipelined / sequential: {ratio:.2f}; max |kl_sample_train| {max(kls):.2e}")
-    print(f"adapters of the two updates: max |difference| {diff:.2e} (max |weight| {scale:.2e})")
+    print(
+        f"pipelined / sequential: {ratio:.2f} (the median of {len(ratios)} pairs: "
+        f"{', '.join(f'{r:.3f}' for r in ratios)}); max |kl_sample_train| {max(kls):.2e}"
+    )
+    print(f"adapters of the {len(updates)} updates: max |difference| {diff:.2e} (max |weight| {scale:.2e})")
     print(
         json.dumps(
             {
                 "sequential_s": round(results["sequential"]["seconds"], 3),
                 "pipelined_s": round(results["pipelined"]["seconds"], 3),
                 "ratio": round(ratio, 3),
+                "ratios": [round(r, 3) for r in ratios],
                 "max_abs_kl": max(kls),
                 "staleness_steps": pipelined.metrics["staleness_max"],
                 "slow_seconds": slow_seconds,
@@ -454,7 +485,7 @@ def main() -> None:
                 "group_size": args.group_size,
                 "weights_max_abs_diff": diff,
                 # The time after the last group settled, by where it went, in each mode.
-                "breakdown": {mode: results[mode]["breakdown"] for mode in results},
+                "breakdown": {mode: results[mode]["breakdown"] for mode in ("sequential", "pipelined")},
                 "loadavg": [round(v, 2) for v in os.getloadavg()],
             }
         )

@@ -43,6 +43,11 @@ from apps.training.models import (
 logger = logging.getLogger(__name__)
 
 INCLUDED = (ContributionStatus.READY, ContributionStatus.SUBMITTED)
+# While the client runs its last queued forward/backward, the feeder looks again for a group
+# that settled meanwhile after this long, doubling up to the most: a local call (a fraction
+# of a second) gets a few looks, a remote one (seconds) a few more, never one per tick.
+FEED_LOOK_FIRST_SECONDS = 0.01
+FEED_LOOK_MOST_SECONDS = 0.5
 
 
 @dataclass
@@ -158,6 +163,18 @@ def submission_finish(*, live: LiveClient, submission: Submission, holder: str) 
     contribution.status, contribution.holder, contribution.metrics = ContributionStatus.SUBMITTED, holder, metrics
 
 
+def _done_within(*, future: Any, seconds: float) -> bool:
+    """Whether a backend call's future is done within ``seconds`` (its error, if it failed,
+    is raised by whoever takes its result)."""
+    try:
+        future.result(timeout=seconds)
+    except TimeoutError:
+        return False
+    except Exception:  # noqa: BLE001 - done, with an error: submission_finish raises it
+        return True
+    return True
+
+
 def contribution_submit(*, live: LiveClient, recorded: Recorded, plan: dict[str, Any], holder: str) -> bool:
     """Run the contribution's forward/backward on ``live`` unless it has accumulated it
     already (caller holds the run's client lock, and forgets the client if this raises).
@@ -174,8 +191,9 @@ def contributions_feed(*, trainer: Trainer, update: LearningUpdate, plan: dict[s
     and, with ``submit``, queue the forward/backward of each included contribution the run's
     live client lacks as soon as it is recorded. The client runs its calls in order on its
     own thread, so the next group's evidence is read and its datums built while the one
-    before trains; only when no settled group is left to record does this wait for the
-    oldest call, then look again. Submits only to a client holding the weights of the step."""
+    before trains; when no settled group is left to record this waits for the oldest call,
+    and while that call is the client's last it looks again now and then for a group that
+    settled meanwhile. Submits only to a client holding the weights of the step."""
     settled = SamplingGroup.objects.filter(run_id=update.run_id, step=update.step, status=GroupStatus.SETTLED)
 
     def next_unrecorded() -> SamplingGroup | None:
@@ -188,6 +206,7 @@ def contributions_feed(*, trainer: Trainer, update: LearningUpdate, plan: dict[s
     with client_lock(trainer.run_id):
         live: LiveClient | None = None
         queued: list[Submission] = []
+        look = FEED_LOOK_FIRST_SECONDS
         # Those recorded before (a call that could not submit, another process' client) first.
         pending = [
             Recorded(contribution=c)
@@ -207,8 +226,15 @@ def contributions_feed(*, trainer: Trainer, update: LearningUpdate, plan: dict[s
                     pending = [recorded] if recorded.contribution.status in INCLUDED else []
                 elif queued:
                     assert live is not None  # queued on it
-                    submission_finish(live=live, submission=queued.pop(0), holder=holder)
                     pending = []
+                    if len(queued) == 1 and not _done_within(future=queued[0].future, seconds=look):
+                        # The client runs its last queued call: a group that settles meanwhile
+                        # is recorded and queued behind it, so the client does not idle while
+                        # that group's evidence is read and its datums built after the call.
+                        look = min(look * 2, FEED_LOOK_MOST_SECONDS)
+                        continue
+                    look = FEED_LOOK_FIRST_SECONDS
+                    submission_finish(live=live, submission=queued.pop(0), holder=holder)
                 else:
                     break
         except Exception:

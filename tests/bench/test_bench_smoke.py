@@ -118,7 +118,7 @@ def test_training_pipeline_bench_prints_figures() -> None:
     out = run_bench(
         "training_pipeline.py",
         *("--groups", "2", "--group-size", "2", "--prompt-tokens", "40", "--max-tokens", "4", "--slow-seconds", "1"),
-        *("--database-url", database),
+        *("--pairs", "2", "--database-url", database),
         timeout=600,
     )
     for line in ("warm-up: lockstep batch", "sequential:", "pipelined:", "pipelined / sequential:"):
@@ -126,6 +126,8 @@ def test_training_pipeline_bench_prints_figures() -> None:
     figures = json.loads(out.strip().splitlines()[-1])
     assert {"sequential_s", "pipelined_s", "max_abs_kl", "staleness_steps"} <= set(figures)
     assert figures["sequential_s"] > 0 and figures["pipelined_s"] > 0
+    # Two pairs measured, the figures of one of them (the median's).
+    assert len(figures["ratios"]) == 2 and figures["ratio"] in figures["ratios"]
     # Staleness 0: the sampler served exactly the trainer's weights, and the pipelined update
     # equals the lockstep one.
     assert figures["staleness_steps"] == 0 and figures["max_abs_kl"] <= 1e-3

@@ -8,7 +8,8 @@ learner feeds each settled group's forward/backward before the optimizer step.
 * max_staleness 1: the next batch samples S0 while the update runs, its kl is reported by
   staleness, and groups more than one step behind are excluded and recorded;
 * gradients fed group by group, in any order and delivered twice, give the lockstep update;
-* a group that settles while a forward/backward runs is fed by the same call, behind it;
+* a group that settles while a forward/backward runs is fed by the same call, behind it,
+  its datums built while that call still runs;
 * the start task's warmed training client is the one the first group trains on;
 * a training worker killed mid-batch: the sweeper moves the step on, and its
   forward/backward is done again, once.
@@ -206,6 +207,13 @@ def test_a_group_settling_while_one_trains_is_fed_by_the_same_call(attempts):
         while not GroupContribution.objects.filter(group__run=run, group__position=0).exists():
             feeder.join(0.01)
         _attempt_all(attempts, run, 0, positions=[1], feed=False)  # settles meanwhile
+        # Recorded while group 0's call still runs: its datums are ready when that call ends.
+        for _ in range(6000):
+            if GroupContribution.objects.filter(group__run=run, group__position=1).exists():
+                break
+            feeder.join(0.01)
+        assert GroupContribution.objects.filter(group__run=run, group__position=1).exists()
+        assert not GroupContribution.objects.filter(group__run=run, status=ContributionStatus.SUBMITTED).exists()
     feeder.join(60)
     assert not feeder.is_alive()
     fed = GroupContribution.objects.filter(update__run=run).order_by("group__position")
