@@ -506,6 +506,9 @@ SYNTH_TRAINING_DIR = Path(os.environ.get("SYNTH_TRAINING_DIR") or VAR_DIR / "tra
 # Positions the local backend unembeds at once: 512 x a 150K vocabulary is ~300 MB of
 # float32 logits; lower it on small machines, raise it on large GPUs.
 SYNTH_TRAIN_UNEMBED_CHUNK = env_int("SYNTH_TRAIN_UNEMBED_CHUNK", 512, minimum=1)
+# Leading tokens that datums of one forward/backward must share for the local backend to run
+# the decoder over them once (a group's attempts share their task's prompt); 0: never.
+SYNTH_TRAIN_SHARED_PREFIX_MIN = env_int("SYNTH_TRAIN_SHARED_PREFIX_MIN", 16, minimum=0)
 # How a {"checkpoint": "ckpt_..."} model binding becomes a route and a sampler snapshot.
 # A dotted path, not an import: runs and the proxy must not depend on the training app.
 SYNTH_CHECKPOINT_RESOLVER = os.environ.get(

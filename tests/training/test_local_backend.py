@@ -159,6 +159,31 @@ def test_chunked_unembedding_gives_the_same_update_as_one_pass(service, settings
     assert results[0] == pytest.approx(results[1], rel=1e-4, abs=1e-5)
 
 
+def test_datums_sharing_a_prompt_run_it_once_and_give_the_one_by_one_update(service, settings):
+    sampler = LocalTorchSampler.tiny(family="qwen3", seed=0)
+    prompt = list(range(5, 45))
+    # A group's four attempts of one prompt, one with no signal, then another task's attempt.
+    calls = [_sampled(sampler, prompt, seed=s) for s in range(4)] + [_sampled(sampler, [9, 8, 7], seed=9)]
+    wire = [d for call, adv in zip(calls, (1.0, -0.4, 0.0, -0.6, 0.8), strict=True) for d in _wire(call, adv)]
+    results = {}
+    for minimum in (0, 16):  # one datum at a time, then the shared prompt's decoder run once
+        settings.SYNTH_TRAIN_SHARED_PREFIX_MIN = minimum
+        client = service.create_lora_training_client("tiny", rank=4, seed=0).result()
+        out = client.forward_backward(wire, "importance_sampling").result()
+        grads = [p.grad.clone() for p in client._params]
+        logprobs = [o["logprobs"].tolist() for o in out.loss_fn_outputs]
+        client.optim_step(ADAM).result()
+        results[minimum] = (out.metrics["loss:sum"], logprobs, grads, _sequence_logprob(client, calls[0]))
+    (loss, logprobs, grads, after), (loss_s, logprobs_s, grads_s, after_s) = results[0], results[16]
+    assert loss_s == pytest.approx(loss, rel=1e-5)
+    assert len(logprobs_s) == len(logprobs) == 5 and not any(logprobs[2])  # no signal: not scored
+    for a, b in zip(logprobs, logprobs_s, strict=True):
+        assert b == pytest.approx(a, abs=1e-5)
+    assert max(float((a - b).abs().max()) for a, b in zip(grads, grads_s, strict=True)) < 1e-5
+    assert max(float(g.abs().max()) for g in grads) > 1e-3  # the comparison is of real gradients
+    assert after_s == pytest.approx(after, abs=1e-4)
+
+
 def test_the_learner_climbs_a_reward_through_saved_and_served_weights(tmp_path):
     """The whole local loop, many times: sample with the proxy's sampler from the last saved
     weights, reward, group-centred advantages, datums, one update, save, serve again. On a

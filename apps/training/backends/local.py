@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import copy
+import inspect
 import json
 import threading
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -113,28 +115,25 @@ def adapter_write(*, model: Any, directory: Path) -> None:
     config.save_pretrained(str(directory), auto_mapping_dict=mapping)
 
 
-def _datum_loss(
-    model: Any,
-    input_ids: list[int],
+def _chunked_loss(
+    *,
+    base: Any,
+    hidden: torch.Tensor,
     targets: torch.Tensor,
     keep: torch.Tensor,
     token_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    *,
     backward: bool,
 ) -> tuple[float, torch.Tensor]:
-    """(summed loss, logprobs of the kept targets) for one datum; with ``backward`` the
-    gradients are accumulated into the LoRA parameters.
+    """(summed loss, logprobs of the kept targets) from one sequence's final hidden states;
+    with ``backward`` the gradients are accumulated into the LoRA parameters.
 
     Only kept positions (non-zero advantage or weight) go through the unembedding, in chunks:
     full logits of a long prompt over a 150K-token vocabulary would cost gigabytes, and
-    observation positions carry no gradient. The decoder runs forward once; each chunk's loss
-    is back-propagated to the (detached) hidden states only, and their summed gradient goes
-    back through the decoder once at the end (the chunked cross-entropy technique).
+    observation positions carry no gradient. Each chunk's loss is back-propagated to the
+    (detached) hidden states only, and their summed gradient goes back through the decoder
+    once at the end (the chunked cross-entropy technique).
     ``token_loss(logprobs, index)`` gives the summed loss of the kept positions ``index``.
     """
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    ids = torch.tensor([input_ids], dtype=torch.long, device=base.device)
-    hidden = base.model(input_ids=ids).last_hidden_state[0]  # LoRA layers are active inside
     positions = keep.nonzero(as_tuple=True)[0].to(hidden.device)
     chosen = targets.to(hidden.device).index_select(0, positions)
     detached = hidden.detach().requires_grad_(backward)
@@ -152,6 +151,111 @@ def _datum_loss(
     if backward and detached.grad is not None:
         hidden.backward(detached.grad)  # accumulates until optim_step, as Tinker does
     return total, torch.cat(logprobs) if logprobs else torch.zeros(0)
+
+
+@dataclass
+class _Scored:
+    """What one datum's loss needs besides its hidden states."""
+
+    input_ids: list[int]
+    targets: torch.Tensor
+    keep: torch.Tensor
+    token_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _prefix_shared(sequences: list[list[int]]) -> int:
+    """Tokens every sequence starts with, short of the shortest one (each keeps a tail)."""
+    first, shared = sequences[0], min(len(s) for s in sequences) - 1
+    for other in sequences[1:]:
+        n = 0
+        while n < shared and other[n] == first[n]:
+            n += 1
+        shared = n
+    return max(0, shared)
+
+
+def _prefix_groups(items: list[_Scored], *, minimum: int) -> list[tuple[list[_Scored], int]]:
+    """Consecutive datums that share at least ``minimum`` leading tokens, with the tokens
+    they share (0 for a datum alone): a group's attempts all begin with its task's prompt."""
+    groups: list[tuple[list[_Scored], int]] = []
+    for item in items:
+        if minimum and groups:
+            members, _ = groups[-1]
+            shared = _prefix_shared([m.input_ids for m in members] + [item.input_ids])
+            if shared >= minimum:
+                groups[-1] = (members + [item], shared)
+                continue
+        groups.append(([item], 0))
+    return groups
+
+
+def _scored_losses(*, base: Any, items: list[_Scored], shared: int, backward: bool) -> list[tuple[float, torch.Tensor]]:
+    """(summed loss, kept logprobs) of each datum. Datums that share their first ``shared``
+    tokens run the decoder over them once: their tails attend to its key/value cache, and the
+    gradients the tails send back into that cache and into the shared positions' hidden states
+    are summed and sent through the shared forward once, at the end. Exact, less float
+    summation order; a group of n attempts of one prompt costs about one prompt, not n."""
+    from transformers.cache_utils import DynamicLayer
+
+    device = base.device
+    if shared:
+        ids = torch.tensor([items[0].input_ids[:shared]], dtype=torch.long, device=device)
+        out = base.model(input_ids=ids, use_cache=True)  # LoRA layers are active inside
+        cache = getattr(out, "cache", None)
+        if cache is None:  # the name before transformers 5.x's deprecation
+            cache = out.past_key_values
+        layers = getattr(cache, "layers", None) or []
+        if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+            shared = 0  # a cache this cannot rewind (sliding windows, states): one at a time
+    if not shared:
+        results = []
+        for item in items:
+            ids = torch.tensor([item.input_ids], dtype=torch.long, device=device)
+            hidden = base.model(input_ids=ids).last_hidden_state[0]
+            results.append(
+                _chunked_loss(
+                    base=base,
+                    hidden=hidden,
+                    targets=item.targets,
+                    keep=item.keep,
+                    token_loss=item.token_loss,
+                    backward=backward,
+                )
+            )
+        return results
+    head = out.last_hidden_state[0]
+    roots = [(layer.keys, layer.values) for layer in layers]
+    # Leaves standing in for the shared forward's outputs: each tail's backward stops at them
+    # (its graph freed at once), their gradients add up across the tails.
+    leaves = [(k.detach().requires_grad_(backward), v.detach().requires_grad_(backward)) for k, v in roots]
+    head_leaf = head.detach().requires_grad_(backward)
+    keyword = "cache" if "cache" in inspect.signature(base.model.forward).parameters else "past_key_values"
+    results = []
+    for item in items:
+        for layer, (keys, values) in zip(layers, leaves, strict=True):
+            layer.keys, layer.values = keys, values  # rewound to the shared tokens
+        ids = torch.tensor([item.input_ids[shared:]], dtype=torch.long, device=device)
+        tail = base.model(input_ids=ids, use_cache=True, **{keyword: cache}).last_hidden_state[0]
+        results.append(
+            _chunked_loss(
+                base=base,
+                hidden=torch.cat([head_leaf, tail]),
+                targets=item.targets,
+                keep=item.keep,
+                token_loss=item.token_loss,
+                backward=backward,
+            )
+        )
+    if backward:
+        pairs = [(head, head_leaf.grad)] + [
+            (root, leaf.grad)
+            for root_pair, leaf_pair in zip(roots, leaves, strict=True)
+            for root, leaf in zip(root_pair, leaf_pair, strict=True)
+        ]
+        pairs = [(t, g) for t, g in pairs if g is not None]
+        if pairs:
+            torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+    return results
 
 
 class LocalTrainingClient:
@@ -193,52 +297,64 @@ class LocalTrainingClient:
 
     def _run(self, data: list[types.Datum], loss_fn: str, config: dict[str, Any], backward: bool):
         self._model.train(backward)
+        items: list[_Scored] = []
+        for datum in data:
+            inputs = datum.loss_fn_inputs
+            targets = inputs["target_tokens"].to_torch().long()
+            if loss_fn == "cross_entropy":
+                weights = inputs["weights"].to_torch().float()
+                keep = weights != 0
+                kept_weights = weights[keep]
+
+                def token_loss(lp: torch.Tensor, index: torch.Tensor, w: torch.Tensor = kept_weights):
+                    return -(lp * w[index]).sum()
+
+            elif loss_fn in ("importance_sampling", "ppo"):
+                advantages = inputs["advantages"].to_torch().float()
+                keep = advantages != 0
+                kept_adv = advantages[keep]
+                kept_sampler = inputs["logprobs"].to_torch().float()[keep]
+                low = float(config.get("clip_low_threshold", 0.8))
+                high = float(config.get("clip_high_threshold", 1.2))
+
+                def token_loss(
+                    lp: torch.Tensor,
+                    index: torch.Tensor,
+                    adv: torch.Tensor = kept_adv,
+                    sampler: torch.Tensor = kept_sampler,
+                    low: float = low,
+                    high: float = high,
+                ):
+                    ratio = torch.exp(lp - sampler[index])
+                    objective = ratio * adv[index]
+                    if loss_fn == "ppo":
+                        objective = torch.minimum(objective, torch.clamp(ratio, low, high) * adv[index])
+                    return -objective.sum()
+
+            else:
+                raise ValueError(f"loss_fn {loss_fn!r} is not available in the local backend")
+            items.append(
+                _Scored(input_ids=datum.model_input.to_ints(), targets=targets, keep=keep, token_loss=token_loss)
+            )
+        # Datums with nothing to score (no kept position) need no forward at all.
+        scored: dict[int, tuple[float, torch.Tensor]] = {}
+        live = [item for item in items if bool(item.keep.any())]
+        base = self._model.get_base_model() if hasattr(self._model, "get_base_model") else self._model
+        with self._lock, torch.set_grad_enabled(backward):
+            for members, shared in _prefix_groups(live, minimum=settings.SYNTH_TRAIN_SHARED_PREFIX_MIN):
+                for item, result in zip(
+                    members, _scored_losses(base=base, items=members, shared=shared, backward=backward), strict=True
+                ):
+                    scored[id(item)] = result
         outputs: list[dict[str, types.TensorData]] = []
         total = 0.0
-        with self._lock, torch.set_grad_enabled(backward):
-            for datum in data:
-                inputs = datum.loss_fn_inputs
-                targets = inputs["target_tokens"].to_torch().long()
-                if loss_fn == "cross_entropy":
-                    weights = inputs["weights"].to_torch().float()
-                    keep = weights != 0
-                    kept_weights = weights[keep]
-
-                    def token_loss(lp: torch.Tensor, index: torch.Tensor, w: torch.Tensor = kept_weights):
-                        return -(lp * w[index]).sum()
-
-                elif loss_fn in ("importance_sampling", "ppo"):
-                    advantages = inputs["advantages"].to_torch().float()
-                    keep = advantages != 0
-                    kept_adv = advantages[keep]
-                    kept_sampler = inputs["logprobs"].to_torch().float()[keep]
-                    low = float(config.get("clip_low_threshold", 0.8))
-                    high = float(config.get("clip_high_threshold", 1.2))
-
-                    def token_loss(
-                        lp: torch.Tensor,
-                        index: torch.Tensor,
-                        adv: torch.Tensor = kept_adv,
-                        sampler: torch.Tensor = kept_sampler,
-                        low: float = low,
-                        high: float = high,
-                    ):
-                        ratio = torch.exp(lp - sampler[index])
-                        objective = ratio * adv[index]
-                        if loss_fn == "ppo":
-                            objective = torch.minimum(objective, torch.clamp(ratio, low, high) * adv[index])
-                        return -objective.sum()
-
-                else:
-                    raise ValueError(f"loss_fn {loss_fn!r} is not available in the local backend")
-                full = torch.zeros(len(targets))
-                if keep.any():
-                    loss, lp = _datum_loss(
-                        self._model, datum.model_input.to_ints(), targets, keep, token_loss, backward=backward
-                    )
-                    total += loss
-                    full[keep] = lp.float().cpu()
-                outputs.append({"logprobs": types.TensorData.from_torch(full)})
+        for item in items:
+            full = torch.zeros(len(item.targets))
+            if id(item) in scored:
+                loss, lp = scored[id(item)]
+                total += loss
+                full[item.keep] = lp.float().cpu()
+            outputs.append({"logprobs": types.TensorData.from_torch(full)})
         return types.ForwardBackwardOutput(
             loss_fn_output_type="TorchLossReturn", loss_fn_outputs=outputs, metrics={"loss:sum": total}
         )
