@@ -115,44 +115,6 @@ def adapter_write(*, model: Any, directory: Path) -> None:
     config.save_pretrained(str(directory), auto_mapping_dict=mapping)
 
 
-def _chunked_loss(
-    *,
-    base: Any,
-    hidden: torch.Tensor,
-    targets: torch.Tensor,
-    keep: torch.Tensor,
-    token_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    backward: bool,
-) -> tuple[float, torch.Tensor]:
-    """(summed loss, logprobs of the kept targets) from one sequence's final hidden states;
-    with ``backward`` the gradients are accumulated into the LoRA parameters.
-
-    Only kept positions (non-zero advantage or weight) go through the unembedding, in chunks:
-    full logits of a long prompt over a 150K-token vocabulary would cost gigabytes, and
-    observation positions carry no gradient. Each chunk's loss is back-propagated to the
-    (detached) hidden states only, and their summed gradient goes back through the decoder
-    once at the end (the chunked cross-entropy technique).
-    ``token_loss(logprobs, index)`` gives the summed loss of the kept positions ``index``.
-    """
-    positions = keep.nonzero(as_tuple=True)[0].to(hidden.device)
-    chosen = targets.to(hidden.device).index_select(0, positions)
-    detached = hidden.detach().requires_grad_(backward)
-    total = 0.0
-    logprobs: list[torch.Tensor] = []
-    # Positions unembedded at once (SYNTH_TRAIN_UNEMBED_CHUNK): bounds the logits' memory.
-    for index in torch.arange(len(positions), device=hidden.device).split(settings.SYNTH_TRAIN_UNEMBED_CHUNK):
-        logits = base.lm_head(detached.index_select(0, positions[index])).float()
-        lp = torch.log_softmax(logits, dim=-1).gather(-1, chosen[index][:, None])[:, 0]
-        loss = token_loss(lp, index)
-        if backward:
-            loss.backward()  # into detached.grad only
-        total += float(loss.detach())
-        logprobs.append(lp.detach())
-    if backward and detached.grad is not None:
-        hidden.backward(detached.grad)  # accumulates until optim_step, as Tinker does
-    return total, torch.cat(logprobs) if logprobs else torch.zeros(0)
-
-
 @dataclass
 class _Scored:
     """What one datum's loss needs besides its hidden states."""
@@ -161,6 +123,53 @@ class _Scored:
     targets: torch.Tensor
     keep: torch.Tensor
     token_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _chunked_losses(
+    *, base: Any, scored: list[tuple[_Scored, torch.Tensor]], backward: bool
+) -> list[tuple[float, torch.Tensor]]:
+    """(summed loss, logprobs of the kept targets) of each (datum, the final hidden states of
+    its kept positions, in order); with ``backward`` the gradients are accumulated into the
+    LoRA parameters.
+
+    Only kept positions (non-zero advantage or weight) go through the unembedding, in chunks:
+    full logits of a long prompt over a 150K-token vocabulary would cost gigabytes, and
+    observation positions carry no gradient. The kept positions of all the datums given go
+    through together: with few of them per datum (a short answer) the unembedding's time is
+    that of reading its matrix, once per chunk rather than once per datum. Each chunk's loss
+    is back-propagated to the (detached) hidden states only, and their summed gradient goes
+    back through the decoder once at the end (the chunked cross-entropy technique). A datum's
+    ``token_loss(logprobs, index)`` gives the summed loss of its kept positions ``index``.
+    """
+    if not scored:
+        return []
+    detached = [rows.detach().requires_grad_(backward) for _, rows in scored]
+    hidden = torch.cat(detached)
+    device = hidden.device
+    chosen = torch.cat([item.targets[item.keep] for item, _ in scored]).to(device)
+    # Each kept position's datum and its index among that datum's kept positions.
+    owner = torch.cat([torch.full((len(rows),), j, dtype=torch.long) for j, (_, rows) in enumerate(scored)])
+    local = torch.cat([torch.arange(len(rows)) for _, rows in scored])
+    totals = [0.0] * len(scored)
+    logprobs: list[list[torch.Tensor]] = [[] for _ in scored]
+    # Positions unembedded at once (SYNTH_TRAIN_UNEMBED_CHUNK): bounds the logits' memory.
+    for chunk in torch.arange(len(owner)).split(settings.SYNTH_TRAIN_UNEMBED_CHUNK):
+        logits = base.lm_head(hidden[chunk.to(device)]).float()
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, chosen[chunk.to(device)][:, None])[:, 0]
+        loss: torch.Tensor | None = None
+        for j in owner[chunk].unique().tolist():  # a datum's positions are consecutive
+            mine = owner[chunk] == j
+            part = scored[j][0].token_loss(lp[mine.to(device)], local[chunk][mine].to(device))
+            totals[j] += float(part.detach())
+            logprobs[j].append(lp[mine.to(device)].detach())
+            loss = part if loss is None else loss + part
+        if backward and loss is not None:
+            loss.backward()  # into the detached hidden states' grad only
+    if backward:
+        pairs = [(rows, d.grad) for (_, rows), d in zip(scored, detached, strict=True) if d.grad is not None]
+        if pairs:  # accumulates until optim_step, as Tinker does
+            torch.autograd.backward([rows for rows, _ in pairs], [grad for _, grad in pairs])
+    return [(totals[j], torch.cat(logprobs[j]) if logprobs[j] else torch.zeros(0)) for j in range(len(scored))]
 
 
 def _prefix_shared(sequences: list[list[int]]) -> int:
@@ -207,21 +216,13 @@ def _scored_losses(*, base: Any, items: list[_Scored], shared: int, backward: bo
         layers = getattr(cache, "layers", None) or []
         if not layers or any(type(layer) is not DynamicLayer for layer in layers):
             shared = 0  # a cache this cannot rewind (sliding windows, states): one at a time
+    results: list[tuple[float, torch.Tensor]] = []
     if not shared:
-        results = []
         for item in items:
             ids = torch.tensor([item.input_ids], dtype=torch.long, device=device)
             hidden = base.model(input_ids=ids).last_hidden_state[0]
-            results.append(
-                _chunked_loss(
-                    base=base,
-                    hidden=hidden,
-                    targets=item.targets,
-                    keep=item.keep,
-                    token_loss=item.token_loss,
-                    backward=backward,
-                )
-            )
+            kept = hidden.index_select(0, item.keep.nonzero(as_tuple=True)[0].to(device))
+            results += _chunked_losses(base=base, scored=[(item, kept)], backward=backward)
         return results
     head = out.last_hidden_state[0]
     roots = [(layer.keys, layer.values) for layer in layers]
@@ -230,22 +231,25 @@ def _scored_losses(*, base: Any, items: list[_Scored], shared: int, backward: bo
     leaves = [(k.detach().requires_grad_(backward), v.detach().requires_grad_(backward)) for k, v in roots]
     head_leaf = head.detach().requires_grad_(backward)
     keyword = "cache" if "cache" in inspect.signature(base.model.forward).parameters else "past_key_values"
-    results = []
-    for item in items:
+    held: list[tuple[_Scored, torch.Tensor]] = []
+    for number, item in enumerate(items):
         for layer, (keys, values) in zip(layers, leaves, strict=True):
             layer.keys, layer.values = keys, values  # rewound to the shared tokens
         ids = torch.tensor([item.input_ids[shared:]], dtype=torch.long, device=device)
         tail = base.model(input_ids=ids, use_cache=True, **{keyword: cache}).last_hidden_state[0]
-        results.append(
-            _chunked_loss(
-                base=base,
-                hidden=torch.cat([head_leaf, tail]),
-                targets=item.targets,
-                keep=item.keep,
-                token_loss=item.token_loss,
-                backward=backward,
-            )
+        # The kept positions' hidden states: of the shared part's (the last of them predicts
+        # the tail's first token) and of the tail's.
+        positions = item.keep.nonzero(as_tuple=True)[0].to(device)
+        in_head = positions < shared
+        kept = torch.cat(
+            [head_leaf.index_select(0, positions[in_head]), tail.index_select(0, positions[~in_head] - shared)]
         )
+        held.append((item, kept))
+        # The tails' graphs are held until their unembedding: no longer, together, than the
+        # shared part (a datum alone held its whole sequence's).
+        if number == len(items) - 1 or sum(len(i.input_ids) - shared for i, _ in held) >= shared:
+            results += _chunked_losses(base=base, scored=held, backward=backward)
+            held = []
     if backward:
         pairs = [(head, head_leaf.grad)] + [
             (root, leaf.grad)
