@@ -105,21 +105,26 @@ def update_child(mode: str, start_tokens: int, turns: int, attempts: int) -> Non
     from apps.training.backends import local
     from apps.training.datums import datums_to_tinker, group_prepare
 
+    calls: list[int] = []  # the full mode's loss calls: its patch must be what ran
     if mode == "one-pass":
         from django.conf import settings
 
         settings.SYNTH_TRAIN_UNEMBED_CHUNK = 1 << 30  # every kept position unembedded at once
     elif mode == "full":
 
-        def full_loss(model, input_ids, targets, keep, token_loss, *, backward):
-            logits = model.get_base_model()(input_ids=torch.tensor([input_ids])).logits[0].float()
-            lp = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0][keep]
-            loss = token_loss(lp, torch.arange(len(lp)))
-            if backward:
-                loss.backward()
-            return float(loss.detach()), lp.detach()
+        def full_losses(*, base, items, shared, backward):  # every datum whole, whatever it shares
+            calls.append(len(items))
+            results = []
+            for item in items:
+                logits = base(input_ids=torch.tensor([item.input_ids])).logits[0].float()
+                lp = torch.log_softmax(logits, dim=-1).gather(-1, item.targets[:, None])[:, 0][item.keep]
+                loss = item.token_loss(lp, torch.arange(len(lp)))
+                if backward:
+                    loss.backward()
+                results.append((float(loss.detach()), lp.detach()))
+            return results
 
-        local._datum_loss = full_loss
+        local._scored_losses = full_losses
     data = group_prepare(
         group_id="g",
         attempts=group(attempts=attempts, turns=turns, start_tokens=start_tokens, seed=1),
@@ -135,6 +140,8 @@ def update_child(mode: str, start_tokens: int, turns: int, attempts: int) -> Non
         out = client.forward_backward(wire, "importance_sampling").result()
         client.optim_step(types.AdamParams(learning_rate=1e-3)).result()
         seconds = time.perf_counter() - t0
+    if mode == "full" and not calls:
+        raise SystemExit("the full-logits loss was not used: the backend's loss function moved")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     tokens = sum(len(d.input_ids) for d in data.datums)
     print(
