@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 import pytest
 from django.db import connection, connections
@@ -134,6 +136,21 @@ def _holding(hold, holding: threading.Event, release: threading.Event, failures:
         connections.close_all()
 
 
+@contextlib.contextmanager
+def _held_open(hold) -> Iterator[None]:
+    """``hold`` done in another thread's transaction, kept open for the block."""
+    holding, release, failures = threading.Event(), threading.Event(), []
+    holder = threading.Thread(target=_holding, args=(hold, holding, release, failures))
+    holder.start()
+    try:
+        assert holding.wait(60) and not failures, failures
+        yield
+    finally:
+        release.set()
+        holder.join(60)
+    assert not failures, failures
+
+
 def _enqueue_without_waiting(run_id: str) -> list[str]:
     """trials_enqueue under a lock timeout: a lock it would wait for is an error, not a wait."""
     from django.db import transaction
@@ -167,32 +184,15 @@ def test_a_hand_over_does_not_queue_behind_the_run_row_but_behind_another_hand_o
             cursor.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [DISPATCH_LOCK_SPACE, run.id])
 
     # The run's row held by a transition: the hand-over goes ahead.
-    holding, release, failures = threading.Event(), threading.Event(), []
-    holder = threading.Thread(target=_holding, args=(run_row, holding, release, failures))
-    holder.start()
-    try:
-        assert holding.wait(60) and not failures, failures
+    with _held_open(run_row):
         ids = _enqueue_without_waiting(run.id)
-    finally:
-        release.set()
-        holder.join(60)
-    assert not failures, failures
     assert len(ids) == 8  # the plan's default max_concurrency
     assert Trial.objects.filter(run=run, queued_at__isnull=False).count() == 8
 
     # Another hand-over of the run in progress: this one waits for it.
     Trial.objects.filter(run=run).update(queued_at=None)
-    holding, release, failures = threading.Event(), threading.Event(), []
-    holder = threading.Thread(target=_holding, args=(hand_over, holding, release, failures))
-    holder.start()
-    try:
-        assert holding.wait(60) and not failures, failures
-        with pytest.raises(OperationalError, match="lock timeout"):
-            _enqueue_without_waiting(run.id)
-    finally:
-        release.set()
-        holder.join(60)
-    assert not failures, failures
+    with _held_open(hand_over), pytest.raises(OperationalError, match="lock timeout"):
+        _enqueue_without_waiting(run.id)
     assert Trial.objects.filter(run=run, queued_at__isnull=False).count() == 0  # nothing half done
     assert len(_enqueue_without_waiting(run.id)) == 8
 
@@ -209,14 +209,6 @@ def test_a_hand_over_skips_a_trial_a_cancel_is_ending(alice, inputs):
     def cancel_first() -> None:
         Trial.objects.filter(pk=first.pk).update(status=TrialStatus.CANCELLED)
 
-    holding, release, failures = threading.Event(), threading.Event(), []
-    holder = threading.Thread(target=_holding, args=(cancel_first, holding, release, failures))
-    holder.start()
-    try:
-        assert holding.wait(60) and not failures, failures
+    with _held_open(cancel_first):
         ids = _enqueue_without_waiting(run.id)
-    finally:
-        release.set()
-        holder.join(60)
-    assert not failures, failures
     assert first.pk not in ids and len(ids) == 2
