@@ -10,10 +10,12 @@ provisioned (manage.py provision_tokenizers) if missing; the route "bench-instan
 turn is a tool cycle); one model
 credential per session, as each attempt of a run holds its own. The proxy is this file run
 with --serve in a subprocess: uvicorn serving synth_project.proxy_asgi with uvicorn's
-defaults on a free loopback port, its own process as in production (so a repeated exception
-is logged a few times a minute, then counted: see synth_common.logfold).
+defaults but the deployment's keep-alive (75 s) on a free loopback port, its own process as
+in production (so a repeated exception is logged a few times a minute, then counted: see
+synth_common.logfold).
 
-Load: --sessions asyncio tasks on one httpx.AsyncClient, started together, each a
+Load: --sessions asyncio tasks, each with its own httpx.AsyncClient (one connection, as
+each harness process holds its own), started together, each a
 conversation of --turns streaming calls (POST /v1/messages?beta=true, Claude Code's
 headers and body fields, the answer's tool_use sent back as a tool_result on the next
 call). Per call:
@@ -45,10 +47,13 @@ moves both).
 
 PostgreSQL CPU per call: pg_stat_statements counts neither connection set-up nor the
 backends' own work outside statements, so it is read from /proc: the CPU time (utime +
-stime) of the backends connected to the bench's database, sampled every few milliseconds
-during the load (a backend that lives shorter than a sample is missed, so a per-call
-connection is undercounted). Also printed: every PostgreSQL process of the server (the
-postmaster's reaped children included), which counts other users of a shared server too.
+stime) of the backends connected to the bench's database, sampled every second
+during the load (the proxy's pooled backends live through it; one that lives shorter than a
+sample is missed). Also printed: every PostgreSQL process of the server (the postmaster's
+reaped children included, so exited backends count), which counts other users of a shared
+server too. The sampler is a thread of the client's process and a scan of /proc costs about
+2 ms of its interpreter: every 5 ms (as it was) it took a third of the client's GIL in the
+proxy's phase only, halving the calls/s measured and adding seconds to its TTFB p99.
 
 A warm long call: after the load, one Claude Code conversation alone is grown call by call
 until its prompt reaches --long-tokens (100K), each call sent to the proxy and then, the same
@@ -72,6 +77,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -163,7 +169,12 @@ def serve(port: int, lag_file: str, probe_ms: float) -> None:
                     last_flush = now
 
     async def main() -> None:
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning"))
+        # Keep-alive as deployed (deploy/k8s/proxy.yaml): with uvicorn's 5 s default, every
+        # connection idle between the phases is closed and the next phase opens 200 at once.
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=port, lifespan="off", log_level="warning", timeout_keep_alive=75
+        )
+        server = uvicorn.Server(config)
         task = asyncio.create_task(probe())
         try:
             await server.serve()  # returns on SIGTERM / SIGINT (graceful shutdown)
@@ -518,7 +529,7 @@ class PostgresCpu:
     `server`: every PostgreSQL process plus what the postmaster reaped (exited backends),
     which includes other users of a shared server."""
 
-    def __init__(self, *, database: str, interval: float = 0.005) -> None:
+    def __init__(self, *, database: str, interval: float = 1.0) -> None:
         import threading
 
         self.database = database
@@ -567,15 +578,16 @@ class PostgresCpu:
 
 
 async def run_phase(
-    client: Any, secrets: list[str], args: argparse.Namespace, *, path: str
+    clients: list[Any], secrets: list[str], args: argparse.Namespace, *, path: str
 ) -> tuple[Stats, list[int], float]:
-    """All sessions at once against `path`: (stats, calls per session, elapsed seconds)."""
+    """All sessions at once against `path`, each on its own client: (stats, calls per
+    session, elapsed seconds)."""
     stats = Stats()
     probe = asyncio.create_task(client_lag_probe(stats, args.probe_ms / 1000))
     deadline = time.monotonic() + args.max_seconds
     t0 = time.perf_counter()
     calls = await asyncio.gather(
-        *(session(i, client, s, args, stats, deadline, path=path) for i, s in enumerate(secrets))
+        *(session(i, clients[i], s, args, stats, deadline, path=path) for i, s in enumerate(secrets))
     )
     elapsed = time.perf_counter() - t0
     probe.cancel()
@@ -585,8 +597,15 @@ async def run_phase(
 async def load(base: str, secrets: list[str], args: argparse.Namespace, proxy_pid: int) -> dict[str, Any] | None:
     import httpx
 
-    limits = httpx.Limits(max_connections=len(secrets) + 8, max_keepalive_connections=len(secrets) + 8)
-    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=args.timeout) as client:
+    # One client (one keep-alive connection) per session, as each harness process holds its
+    # own: a shared pool of 200 connections makes httpcore scan every connection at every
+    # request and every close, which took half of this process' time and throttled the
+    # sessions in whichever phase kept more connections idle.
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(httpx.AsyncClient(base_url=base, timeout=args.timeout)) for _ in secrets
+        ]
+        client = clients[0]
         # Warm-up: adapter, tokenizer and sampler load on the first call; not measured. Its
         # last answer's bytes are what the floor serves.
         warm = Stats()
@@ -605,18 +624,24 @@ async def load(base: str, secrets: list[str], args: argparse.Namespace, proxy_pi
             return None
         (await client.put(f"{FLOOR_PREFIX}sse", content=bytes(answer))).raise_for_status()
 
+        # Not measured: one call per session to the floor opens the client's connections, so
+        # both measured phases start on open connections, as a fleet's harnesses hold theirs
+        # (measured: a phase that opens its 200 connections at once loses seconds to it).
+        await run_phase(
+            clients, secrets, argparse.Namespace(**{**vars(args), "turns": 1}), path=f"{FLOOR_PREFIX}v1/messages"
+        )
         pg = PostgresCpu(database=args.database_url.rsplit("/", 1)[1])
         cpu0, client_cpu0, machine0 = cpu_seconds(proxy_pid), time.process_time(), machine_busy()
         pg.start()
         wall0 = time.time()
-        stats, calls, elapsed = await run_phase(client, secrets, args, path=MESSAGES_PATH)
+        stats, calls, elapsed = await run_phase(clients, secrets, args, path=MESSAGES_PATH)
         wall1 = time.time()
         pg_database, pg_server = pg.stop()
         proxy_cpu, client_cpu = cpu_seconds(proxy_pid) - cpu0, time.process_time() - client_cpu0
         machine1 = machine_busy()
         machine = (machine1[0] - machine0[0]) / max(1, machine1[1] - machine0[1])
 
-        floor, floor_calls, floor_elapsed = await run_phase(client, secrets, args, path=f"{FLOOR_PREFIX}v1/messages")
+        floor, floor_calls, floor_elapsed = await run_phase(clients, secrets, args, path=f"{FLOOR_PREFIX}v1/messages")
         long = await long_session(client, secrets[0], args) if args.long_tokens else None
 
     args.window = (wall0, wall1)
