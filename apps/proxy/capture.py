@@ -261,17 +261,25 @@ def _eligibility(interaction: Interaction, delivery: str) -> tuple[str, str]:
     return Eligibility.ELIGIBLE, ""
 
 
-def interaction_settle(*, interaction_id: str, delivery: str, error: str = "") -> None:
+def interaction_settle(
+    *, interaction_id: str, delivery: str, error: str = "", staged: Interaction | None = None
+) -> None:
     """Record how delivery ended (once: a pending row only) and the eligibility that
-    follows, then hand the row to the publisher."""
+    follows, then hand the row to the publisher. ``staged``: the row as this process staged
+    it, when it has it (the proxy's delivery): what eligibility depends on is then known
+    without reading the row again."""
     # What eligibility depends on is fixed at staging: read without a lock, then claim.
-    interaction = (
-        Interaction.objects.only("id", "principal_kind", "role", "eligibility", "eligibility_reason", "delivery")
-        .filter(pk=interaction_id)
-        .first()
-    )
-    if interaction is None or interaction.delivery != Delivery.PENDING:
-        return
+    interaction = staged
+    if interaction is None:
+        interaction = (
+            Interaction.objects.only("id", "principal_kind", "role", "eligibility", "eligibility_reason", "delivery")
+            .filter(pk=interaction_id)
+            .first()
+        )
+        if interaction is None or interaction.delivery != Delivery.PENDING:
+            return
+    elif interaction.id != interaction_id:
+        raise ValueError(f"staged row {interaction.id} is not {interaction_id}")
     eligibility, reason = _eligibility(interaction, delivery)
     if not interaction_transition(
         interaction_id=interaction_id,

@@ -21,7 +21,7 @@ from typing import Any
 
 from apps.proxy import calls, capture
 from apps.proxy.db import db_phase
-from apps.proxy.models import Delivery
+from apps.proxy.models import Delivery, Interaction
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,8 @@ class CallDelivery:
         self.prepared = prepared
         self.state = SAMPLING
         self.interaction_id: str | None = None
+        # The row as staged: settling it need not read it back.
+        self._staged: Interaction | None = None
         self._staging: asyncio.Future[Any] | None = None
 
     def _leave(self, expected: str, to: str) -> None:
@@ -61,7 +63,7 @@ class CallDelivery:
         except Exception:
             self.state = FAILED
             raise
-        self.interaction_id = interaction.id
+        self.interaction_id, self._staged = interaction.id, interaction
         self.state = STAGED
         return interaction.id
 
@@ -73,7 +75,7 @@ class CallDelivery:
     async def delivered(self) -> None:
         """The server has sent the whole answer (the stream's message_stop)."""
         self._leave(STAGED, DELIVERED)
-        await _settle_shielded(interaction_id=self.interaction_id, delivery=Delivery.DELIVERED)
+        await _settle_shielded(interaction_id=self.interaction_id, delivery=Delivery.DELIVERED, staged=self._staged)
 
     def delivered_sync(self) -> None:
         """`delivered` for the JSON response's close() (synchronous, called once the last
@@ -81,7 +83,7 @@ class CallDelivery:
         if self.state != STAGED:
             return
         self.state = DELIVERED
-        capture.interaction_settle(interaction_id=self.interaction_id, delivery=Delivery.DELIVERED)
+        capture.interaction_settle(interaction_id=self.interaction_id, delivery=Delivery.DELIVERED, staged=self._staged)
 
     async def abandon(self) -> None:
         """The client went away before the answer was delivered (a no-op once final)."""
@@ -90,12 +92,16 @@ class CallDelivery:
         was, self.state = self.state, ABANDONED
         if was == STAGING and self._staging is not None:
             try:
-                self.interaction_id = (await self._staging).id
+                self._staged = await self._staging
+                self.interaction_id = self._staged.id
             except Exception:  # noqa: BLE001 - the write failed: record the call below
                 self.interaction_id = None
         if self.interaction_id is not None:
             await _settle_shielded(
-                interaction_id=self.interaction_id, delivery=Delivery.CLIENT_DISCONNECTED, error="client disconnected"
+                interaction_id=self.interaction_id,
+                delivery=Delivery.CLIENT_DISCONNECTED,
+                error="client disconnected",
+                staged=self._staged,
             )
         else:
             await _record_unanswered(self.prepared, delivery=Delivery.CLIENT_DISCONNECTED, error="client disconnected")
@@ -123,6 +129,8 @@ async def _record_unanswered(prepared: calls.Prepared, *, delivery: str, error: 
     try:
         rec = calls.capture_record(prepared=prepared, completion=None, error=error)
         interaction = await db_phase(capture.interaction_stage)(rec=rec)
-        await db_phase(capture.interaction_settle)(interaction_id=interaction.id, delivery=delivery, error=error)
+        await db_phase(capture.interaction_settle)(
+            interaction_id=interaction.id, delivery=delivery, error=error, staged=interaction
+        )
     except Exception:  # noqa: BLE001 - never turn a recording failure into a second error
         logger.exception("could not record an unfinished call %s", prepared.ctx.request_id)

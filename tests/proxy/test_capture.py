@@ -631,3 +631,26 @@ def test_the_published_object_is_the_one_staged_before_compact_prompts(alice, st
 def legacy_payload(interaction: Interaction, rec: capture.CaptureRecord) -> dict:
     logprobs, _ = capture.finite_floats(rec.logprobs)
     return json.loads(json.dumps(capture._payload(interaction.id, rec, logprobs)))
+
+
+def test_settling_the_row_it_staged_reads_nothing_and_settles_once(alice, published, django_assert_num_queries):
+    # The proxy settles the row it holds from staging: one conditional UPDATE, no read; the
+    # eligibility still follows from what was staged, and only a pending row moves.
+    route = make_route()
+    judge = record(alice.org, route, ids_of(50, 1))
+    judge.role = "judge"
+    rows = [capture.interaction_stage(rec=rec) for rec in (record(alice.org, route, ids_of(50, 0)), judge)]
+    with django_assert_num_queries(2):
+        for row in rows:
+            capture.interaction_settle(interaction_id=row.id, delivery=Delivery.DELIVERED, staged=row)
+    actor, judged = (Interaction.objects.get(pk=row.id) for row in rows)
+    assert (actor.delivery, actor.eligibility) == (Delivery.DELIVERED, Eligibility.ELIGIBLE)
+    assert (judged.delivery, judged.eligibility) == (Delivery.DELIVERED, Eligibility.INELIGIBLE)
+    assert judged.eligibility_reason == "a judge's call (it assessed the attempt)"
+    assert published == [actor.id, judged.id]
+
+    capture.interaction_settle(interaction_id=actor.id, delivery=Delivery.FAILED, error="late", staged=rows[0])
+    actor.refresh_from_db()
+    assert actor.delivery == Delivery.DELIVERED and published == [actor.id, judged.id]
+    with pytest.raises(ValueError, match="is not"):
+        capture.interaction_settle(interaction_id=actor.id, delivery=Delivery.FAILED, staged=rows[1])
