@@ -429,6 +429,10 @@ if (
         # A phase waits this long for a connection, then fails as overloaded (a 529).
         "timeout": 10,
     }
+# How long the proxy's process gathers settled calls before it sends them to the evidence
+# worker as one message (apps.proxy.publish_batch): a message per call cost the proxy more
+# than the call's settle. 0: a message per call, at once. Other processes always send at once.
+SYNTH_PROXY_PUBLISH_BATCH_SECONDS = env_float("SYNTH_PROXY_PUBLISH_BATCH_SECONDS", 0.02, minimum=0.0)
 # How stale the proxy's cached credentials and routes may be at most (apps.proxy.lookups):
 # a revoked credential, a disabled or changed route takes effect within this. 0: read
 # them on every call.

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -43,7 +44,7 @@ from apps.core.transitions import TransitionTable
 from apps.objects.models import StoredObject
 from apps.objects.selectors import object_get
 from apps.objects.services import object_put, object_read
-from apps.proxy import prompt_store
+from apps.proxy import prompt_store, publish_batch
 from apps.proxy.models import Delivery, Eligibility, Integrity, Interaction
 from synth_common.canonical import canonical_bytes
 
@@ -298,9 +299,13 @@ def interaction_settle(
 
 def publish_enqueue(*, interaction_id: str) -> None:
     """Queue the publication. A broker failure must not fail the call: the row is staged
-    and the sweeper will find it."""
+    and the sweeper will find it. In the proxy's process the id joins the process' next
+    batch (apps.proxy.publish_batch), sent within SYNTH_PROXY_PUBLISH_BATCH_SECONDS."""
     from apps.proxy.tasks import evidence_publish_task
 
+    if settings.SYNTH_PROXY_PROCESS and settings.SYNTH_PROXY_PUBLISH_BATCH_SECONDS > 0:
+        publish_batch.batcher(seconds=settings.SYNTH_PROXY_PUBLISH_BATCH_SECONDS).add(interaction_id)
+        return
     try:
         evidence_publish_task.apply_async(args=[interaction_id], retry=False)
     except Exception:  # noqa: BLE001 - the sweeper is the fallback

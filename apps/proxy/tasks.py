@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
+
+logger = logging.getLogger(__name__)
 
 
 # Idempotent (content-addressed create-only upload, conditional state updates), hence
@@ -24,6 +28,28 @@ def evidence_publish_task(interaction_id: str) -> None:
     from apps.proxy.capture import interaction_publish
 
     interaction_publish(interaction_id=interaction_id)
+
+
+# The proxy's batches (apps.proxy.publish_batch): each id as "evidence.publish" would, in
+# turn; an id that fails goes on as a task of its own, which retries itself, so one bad
+# row neither holds back nor repeats the others. Redelivered if the worker is lost:
+# publishing is idempotent.
+@shared_task(
+    name="evidence.publish_many",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    soft_time_limit=600,
+    time_limit=660,
+)
+def evidence_publish_many_task(interaction_ids: list[str]) -> None:
+    from apps.proxy.capture import interaction_publish
+
+    for interaction_id in interaction_ids:
+        try:
+            interaction_publish(interaction_id=interaction_id)
+        except Exception:  # noqa: BLE001 - retried on its own, with backoff
+            logger.warning("evidence.publish of %s failed in a batch; retrying it alone", interaction_id, exc_info=True)
+            evidence_publish_task.apply_async(args=[interaction_id], countdown=2)
 
 
 # Scheduled by beat (settings.CELERY_BEAT_SCHEDULE); it does not retry: the next tick is its retry.

@@ -118,3 +118,39 @@ def test_published_by_a_real_worker(live_server_asgi, evidence_worker, qwen3_tok
         content = b"".join(fetched.streaming_content) if fetched.streaming else fetched.content
         assert hashlib.sha256(content).hexdigest() == interaction.payload_sha256
         assert bob.client.get(f"/api/interactions/{interaction.id}").status_code == 404
+
+
+def test_a_batch_is_published_by_a_real_worker_past_a_row_that_fails(evidence_worker):
+    # The proxy's batch message: every row of it published and verified, a row that cannot
+    # be published (staged without its payload) in the middle notwithstanding: that one is
+    # handed on to evidence.publish, which retries it on its own.
+    from apps.proxy.publish_batch import PublishBatcher, _send_batch
+    from tests.proxy.test_capture import ids_of, record
+
+    alice = make_member("team", "alice")
+    route = make_route()
+    rows = []
+    for n in range(5):
+        row = capture.interaction_stage(rec=record(alice.org, route, ids_of(40, n), session=f"s-{n}"))
+        capture.interaction_settle(interaction_id=row.id, delivery=Delivery.DELIVERED, staged=row)
+        rows.append(row)
+    broken = rows[2]
+    Interaction.objects.filter(pk=broken.pk).update(payload=None)
+    batcher = PublishBatcher(send=_send_batch, seconds=60)
+    for row in rows:
+        batcher.add(row.id)
+    batcher.flush()
+
+    fine = [row.id for row in rows if row is not broken]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if Interaction.objects.filter(pk__in=fine, integrity=Integrity.VERIFIED).count() == len(fine):
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"not published\n{evidence_worker.read_text(errors='replace')[-3000:]}")
+    while time.monotonic() < deadline and "retrying it alone" not in evidence_worker.read_text(errors="replace"):
+        time.sleep(0.2)
+    log = evidence_worker.read_text(errors="replace")
+    assert f"evidence.publish of {broken.id} failed in a batch; retrying it alone" in log
+    assert Interaction.objects.get(pk=broken.pk).integrity == Integrity.STAGED
