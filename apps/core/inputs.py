@@ -56,8 +56,36 @@ def text_problem(text: str) -> str | None:
     return f"contains a lone surrogate (U+{ord(match.group()):04X})"
 
 
+def _any_problem(*, value: Any, max_depth: int, text: bool) -> bool:
+    """Whether json_value_check would raise: the same rules, without the paths (a model
+    call's body is thousands of nodes, and a path per node cost more than the parse)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            if text and _BAD_TEXT.search(node) is not None:
+                return True
+        elif isinstance(node, float):
+            if not math.isfinite(node):
+                return True
+        elif isinstance(node, dict):
+            if depth >= max_depth:
+                return True
+            if text and any(isinstance(key, str) and _BAD_TEXT.search(key) is not None for key in node):
+                return True
+            stack.extend((child, depth + 1) for child in node.values())
+        elif isinstance(node, list):
+            if depth >= max_depth:
+                return True
+            stack.extend((child, depth + 1) for child in node)
+    return False
+
+
 def json_value_check(*, value: Any, max_depth: int = MAX_JSON_DEPTH, text: bool = True) -> None:
     """Raise InputProblem at the first bad string, key, number or nesting level (document order)."""
+    if not _any_problem(value=value, max_depth=max_depth, text=text):
+        return
+    # Something is wrong: walk again, in document order with paths, to say what and where.
     stack: list[tuple[Any, Path, int]] = [(value, (), 0)]
     while stack:
         node, path, depth = stack.pop()

@@ -63,6 +63,7 @@ class CallerCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._confirming = threading.Lock()  # held across the confirming query, never with _lock
         self._entries: TTLCache[str, _Entry] = TTLCache(maxsize=CALLER_ENTRIES, ttl=CALLER_TTL_SECONDS)
 
     def cached(self, *, secret: str | None) -> Caller | None:
@@ -96,7 +97,19 @@ class CallerCache:
 
     def _confirm_stale(self) -> None:
         """Confirm the stale credentials in one query each CONFIRM_BATCH; drop those revoked
-        or gone, and stale operators (read again in full when next used)."""
+        or gone, and stale operators (read again in full when next used). One thread at a
+        time: the calls that find their entries stale while another confirms them wait for
+        it and then find them fresh, rather than each confirming every stale entry again."""
+        if not self._any_stale():
+            return
+        with self._confirming:
+            self._confirm_stale_locked()
+
+    def _any_stale(self) -> bool:
+        with self._lock:
+            return any(not _fresh(e.valid_as_of) for e in self._entries.values())
+
+    def _confirm_stale_locked(self) -> None:
         with self._lock:
             stale = [(key, e) for key, e in self._entries.items() if not _fresh(e.valid_as_of)]
             for key, entry in stale:

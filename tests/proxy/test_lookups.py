@@ -288,3 +288,40 @@ def test_a_live_proxy_process_opens_no_connection_per_call(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stale_callers_found_at_once_are_confirmed_by_one_query(cached):
+    # Calls that find their cached callers stale together wait for one confirmation
+    # instead of each confirming every stale entry again (a herd of the same query).
+    import threading
+
+    member = make_member("team", "alice")
+    make_route("qwen3-attempt")
+    secrets = [issue(member.org, "qwen3-attempt", trial=f"trl_{n}") for n in range(8)]
+    for secret in secrets:
+        lookups.caller_load(secret=secret)
+    past_the_check_interval()
+    confirms: list[str] = []
+    start = threading.Barrier(len(secrets))
+
+    def record(execute, sql, params, many, context):
+        if ModelCredential._meta.db_table in sql:
+            confirms.append(sql)
+        return execute(sql, params, many, context)
+
+    def load(secret: str) -> None:
+        try:
+            with connection.execute_wrapper(record):
+                start.wait()
+                lookups.caller_load(secret=secret)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=load, args=(secret,)) for secret in secrets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(confirms) == 1, confirms
+    assert all(lookups.caller_cached(secret=secret) is not None for secret in secrets)
