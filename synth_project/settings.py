@@ -421,8 +421,10 @@ if (
     and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
 ):
     DATABASES["default"]["CONN_MAX_AGE"] = 0
-    # With conn_health_checks (above), Django has the pool check a connection as it lends it
-    # (one empty query): after a database restart a dead one is replaced, not the call failed.
+    # Django's backend with the pool's check of a connection it lends (conn_health_checks,
+    # above) made a poll of its socket: a connection the server ended (a restart) is still
+    # replaced, not the call failed, without an empty query per phase (apps.proxy.postgresql).
+    DATABASES["default"]["ENGINE"] = "apps.proxy.postgresql"
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": min(2, SYNTH_PROXY_DB_POOL_SIZE),
         "max_size": SYNTH_PROXY_DB_POOL_SIZE,

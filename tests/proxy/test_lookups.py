@@ -284,7 +284,20 @@ def test_a_live_proxy_process_opens_no_connection_per_call(tmp_path):
                 return list(await asyncio.gather(*(one() for _ in range(16))))
 
         assert asyncio.run(burst()) == [200] * 16
-        assert len(_backends(app_name)) <= 3  # bounded by SYNTH_PROXY_DB_POOL_SIZE
+        pooled = _backends(app_name)
+        assert len(pooled) <= 3  # bounded by SYNTH_PROXY_DB_POOL_SIZE
+
+        # The server ends every pooled connection, as a restart does: the pool's check (a
+        # poll of the socket, apps.proxy.postgresql) finds them ended and lends new ones,
+        # so no call fails.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid, 30000) FROM pg_stat_activity WHERE application_name = %s",
+                [app_name],
+            )
+        with httpx.Client() as client:
+            assert [post(client, stream=i % 2 == 0) for i in range(6)] == [200] * 6
+        assert _backends(app_name) and _backends(app_name).isdisjoint(pooled)
     finally:
         server.terminate()
         server.wait(timeout=30)

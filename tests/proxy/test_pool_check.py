@@ -1,0 +1,73 @@
+"""The proxy pool's check of a connection it lends (apps.proxy.postgresql): no round trip for
+a quiet connection, the empty query for one with something to read, and a failure for one the
+server ended. On the real server; the server ends a connection with pg_terminate_backend,
+what a restart does to every client, and nothing is restarted."""
+
+from __future__ import annotations
+
+import select
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from django.db import connection
+
+from apps.proxy.postgresql.base import connection_check
+
+pytestmark = pytest.mark.django_db
+
+
+def _url() -> str:
+    s = connection.settings_dict
+    return f"postgresql://{s['USER'] or 'postgres'}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[psycopg.Connection, psycopg.Connection]]:
+    """A connection as the pool holds one (autocommit) and an admin connection watching it."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the pool is PostgreSQL's")
+    with psycopg.connect(_url(), autocommit=True) as lent, psycopg.connect(_url(), autocommit=True) as admin:
+        yield lent, admin
+
+
+def _last_query(admin: psycopg.Connection, pid: int) -> str | None:
+    row = admin.execute("SELECT query FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone()
+    return None if row is None else row[0]
+
+
+def test_a_quiet_connection_is_lent_without_a_round_trip(pair):
+    lent, admin = pair
+    lent.execute("SELECT 'the phase before'")
+    connection_check(lent)
+    # The server saw nothing after the last statement: an empty query would show as ''.
+    assert _last_query(admin, lent.info.backend_pid) == "SELECT 'the phase before'"
+    assert lent.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_connection_with_something_to_read_is_checked_by_a_round_trip(pair):
+    lent, admin = pair
+    lent.execute("LISTEN pool_check_test")
+    admin.execute("NOTIFY pool_check_test")
+    assert select.select([lent.fileno()], [], [], 30)[0], "the notification did not arrive"
+    connection_check(lent)  # it reads what came and answers the empty query: still good
+    assert _last_query(admin, lent.info.backend_pid) == ""
+    assert lent.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_connection_the_server_ended_fails_the_check(pair):
+    lent, admin = pair
+    lent.execute("SELECT 'before the end'")
+    admin.execute("SELECT pg_terminate_backend(%s)", [lent.info.backend_pid])
+    # The server's FATAL message and the end of the stream make the socket readable.
+    assert select.select([lent.fileno()], [], [], 30)[0], "the server did not end the connection"
+    with pytest.raises(psycopg.OperationalError):
+        connection_check(lent)
+    assert lent.closed or lent.broken
+
+
+def test_a_closed_connection_fails_the_check(pair):
+    lent, _ = pair
+    lent.close()
+    with pytest.raises(psycopg.OperationalError):
+        connection_check(lent)
