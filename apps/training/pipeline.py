@@ -103,13 +103,23 @@ def contribution_record(*, update: LearningUpdate, group: SamplingGroup, plan: d
 
 
 def contributions_record(*, update: LearningUpdate, plan: dict[str, Any]) -> list[Recorded]:
-    """Every settled group of the update's step, recorded, in position order."""
-    groups = (
+    """Every settled group of the update's step, recorded, in position order.
+
+    The contributions recorded as the groups settled are read in one query, not one per
+    group: this runs on the critical path of every optimizer step, and a batch has as many
+    groups as its plan's batch_size."""
+    groups = list(
         SamplingGroup.objects.filter(run_id=update.run_id, step=update.step, status=GroupStatus.SETTLED)
         .select_related("run")
         .order_by("position")
     )
-    return [contribution_record(update=update, group=group, plan=plan) for group in groups]
+    recorded = {c.group_id: c for c in GroupContribution.objects.filter(group_id__in=[g.id for g in groups])}
+    return [
+        Recorded(contribution=recorded[group.id])
+        if group.id in recorded
+        else contribution_record(update=update, group=group, plan=plan)
+        for group in groups
+    ]
 
 
 def kl_terms(*, datums: list[Any], outputs: list[dict[str, Any]]) -> tuple[float, int]:

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from apps.accounts.services import org_get_or_create
 from apps.core.process import process_identity
@@ -43,7 +44,7 @@ from apps.training.models import (
     TrainerStatus,
     UpdateStatus,
 )
-from apps.training.pipeline import step_feed
+from apps.training.pipeline import contributions_record, step_feed
 from apps.training.services import step_settled, training_start
 from apps.training.updates import update_apply
 from bench.training_pipeline import Attempts, adapter_weights
@@ -192,6 +193,23 @@ def test_groups_fed_in_any_order_and_twice_give_the_lockstep_update(attempts):
     assert max(float(t.abs().max()) for t in adapter_weights(update.checkpoint).values()) > 1e-3
 
 
+@pytest.mark.django_db
+def test_the_update_reads_the_contributions_recorded_as_groups_settled_in_one_query(attempts):
+    run = _train_run("pipe-gather", batch_size=3)
+    training_start(run_id=run.id)
+    _attempt_all(attempts, run, 0, feed=False)
+    update, _ = LearningUpdate.objects.get_or_create(run=run, step=0, defaults={"sampler": {}})
+    plan = run.spec.plan
+    first = contributions_record(update=update, plan=plan)  # records the three groups
+    assert [r.contribution.group.position for r in first] == [0, 1, 2]
+    with CaptureQueriesContext(connection) as queries:
+        again = contributions_record(update=update, plan=plan)
+    # The settled groups and their contributions: two queries whatever the batch size.
+    assert len(queries) == 2
+    assert [r.contribution.pk for r in again] == [r.contribution.pk for r in first]
+    assert all(r.data is None for r in again)  # recorded before: datums built again only if submitted
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_group_settling_while_one_trains_is_fed_by_the_same_call(attempts):
     run = _train_run("overlap", steps=1)
@@ -248,7 +266,7 @@ FEEDER = """
 import sys, time, django
 django.setup()
 from apps.core.process import process_identity
-from apps.training.pipeline import step_feed
+from apps.training.pipeline import contributions_record, step_feed
 step_feed(run_id=sys.argv[1], step=0)
 print(process_identity(), flush=True)
 time.sleep(600)
