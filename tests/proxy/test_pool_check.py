@@ -71,3 +71,35 @@ def test_a_closed_connection_fails_the_check(pair):
     lent.close()
     with pytest.raises(psycopg.OperationalError):
         connection_check(lent)
+
+
+def test_a_connection_on_a_descriptor_above_select_s_limit_is_checked_like_any(pair):
+    # A proxy serving hundreds of streams holds descriptors above 1024, select()'s limit:
+    # the descriptors below are taken first, so the connection's socket lands above it.
+    import os
+    import resource
+
+    _, admin = pair
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip("this process may not open 2048 descriptors")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    taken: list[int] = []
+    try:
+        while not taken or taken[-1] < 1100:
+            taken.append(os.open(os.devnull, os.O_RDONLY))
+        with psycopg.connect(_url(), autocommit=True) as lent:
+            assert lent.fileno() > 1024
+            lent.execute("SELECT 'high'")
+            connection_check(lent)  # quiet: no round trip, no error
+            assert _last_query(admin, lent.info.backend_pid) == "SELECT 'high'"
+            admin.execute("SELECT pg_terminate_backend(%s)", [lent.info.backend_pid])
+            poller = select.poll()
+            poller.register(lent.fileno(), select.POLLIN)
+            assert poller.poll(30_000), "the server did not end the connection"
+            with pytest.raises(psycopg.OperationalError):
+                connection_check(lent)
+    finally:
+        for fd in taken:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

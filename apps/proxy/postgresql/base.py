@@ -31,8 +31,11 @@ def connection_check(conn: Any) -> None:
     from psycopg_pool import ConnectionPool
 
     if not conn.closed and not conn.broken:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
-        if not readable:
+        # poll, not select: a process serving hundreds of streams holds descriptors above
+        # select's limit (1024), where select raises for every connection.
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        if not poller.poll(0):
             return
     ConnectionPool.check_connection(conn)
 
