@@ -421,9 +421,9 @@ if (
     and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
 ):
     DATABASES["default"]["CONN_MAX_AGE"] = 0
-    # Django's backend with the pool's check of a connection it lends (conn_health_checks,
-    # above) made a poll of its socket: a connection the server ended (a restart) is still
-    # replaced, not the call failed, without an empty query per phase (apps.proxy.postgresql).
+    # Django's backend, except that the pool checks a connection it lends (conn_health_checks,
+    # above) by polling its socket instead of sending an empty query: a connection the server
+    # ended (a restart) is still replaced, not the call failed (apps.proxy.postgresql).
     DATABASES["default"]["ENGINE"] = "apps.proxy.postgresql"
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": min(2, SYNTH_PROXY_DB_POOL_SIZE),
