@@ -17,6 +17,8 @@ thread-sensitive, as Django's default: it runs where the caller's synchronous co
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
@@ -44,16 +46,36 @@ def db_phase(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
                 connection.close()  # with a pool: back to the pool, still open
 
     executor = _phase_executor()
-    if executor is None:
-        blocking = sync_to_async(run)
-    else:
-        blocking = sync_to_async(run, thread_sensitive=False, executor=executor)
+    blocking = sync_to_async(run) if executor is None else _on_executor(run, executor=executor)
 
     async def call(*args: Any, **kwargs: Any) -> Any:
         # Bounded: a burst of calls waits its turn instead of exceeding the database's
         # connection limit (which would fail calls rather than slow them).
         async with _slots():
             return await blocking(*args, **kwargs)
+
+    return call
+
+
+def _on_executor(fn: Callable[..., Any], *, executor: ThreadPoolExecutor) -> Callable[..., Awaitable[Any]]:
+    """`fn` as a coroutine function run on `executor` in a copy of the caller's context.
+
+    What ``sync_to_async(fn, thread_sensitive=False, executor=executor)`` does for a
+    function that needs nothing more: a phase's Django connection is its thread's own (the
+    connection handler is thread-critical), it calls no async code back, and no context
+    change it makes is wanted by the caller. asgiref's wrapper also defines three closures
+    per call, their annotations evaluated each time, and restores the context around both
+    ends: about 5% of the proxy's GIL time at 200 sessions, for nothing a phase uses.
+
+    Cancelling the caller leaves a phase that has started to finish on its thread (and give
+    its connection back); one still queued never starts. Callers whose write must happen
+    whatever becomes of the request shield it (apps.proxy.delivery)."""
+
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(
+            executor, functools.partial(context.run, fn, *args, **kwargs)
+        )
 
     return call
 

@@ -1,0 +1,90 @@
+"""The proxy process's database phases (apps.proxy.db): on the process's own database
+threads, in the caller's context, bounded by the slots; a cancelled caller never leaves a
+phase half-run nor a slot taken."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+
+import pytest
+
+from apps.proxy import db
+
+REQUEST = contextvars.ContextVar("request", default="")
+
+
+@pytest.fixture
+def proxy_phases(settings, monkeypatch):
+    """The proxy process's phases, with ``slots`` database threads."""
+
+    def configure(*, slots: int) -> None:
+        settings.SYNTH_PROXY_PROCESS = True
+        settings.SYNTH_PROXY_DB_SLOTS = slots
+        monkeypatch.setattr(db, "_executor", None)  # made again with these settings
+
+    yield configure
+    if db._executor is not None:
+        db._executor.shutdown(wait=True)
+
+
+def test_a_phase_runs_on_a_database_thread_in_the_callers_context(proxy_phases):
+    proxy_phases(slots=4)
+
+    def phase(*, number: int) -> tuple[str, str, int]:
+        return threading.current_thread().name, REQUEST.get(), number
+
+    async def main() -> list[tuple[str, str, int]]:
+        async def one(n: int) -> tuple[str, str, int]:
+            REQUEST.set(f"req-{n}")  # each task's own context
+            return await db.db_phase(phase)(number=n)
+
+        return await asyncio.gather(*(one(n) for n in range(8)))
+
+    results = asyncio.run(main())
+    assert [(request, number) for _, request, number in results] == [(f"req-{n}", n) for n in range(8)]
+    assert all(name.startswith("proxy-db") for name, _, _ in results)
+    assert len({name for name, _, _ in results}) <= 4
+
+
+def test_a_phase_error_reaches_its_caller(proxy_phases):
+    proxy_phases(slots=2)
+
+    def phase() -> None:
+        raise LookupError("no such row")
+
+    with pytest.raises(LookupError, match="no such row"):
+        asyncio.run(db.db_phase(phase)())
+
+
+def test_a_cancelled_caller_lets_a_started_phase_finish_and_a_waiting_one_never_start(proxy_phases):
+    proxy_phases(slots=1)
+    started, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def slow() -> None:
+        started.set()
+        release.wait(timeout=30)
+        ran.append("slow")
+
+    def quick(*, name: str) -> str:
+        ran.append(name)
+        return name
+
+    async def main() -> str:
+        running = asyncio.ensure_future(db.db_phase(slow)())
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 30)
+        waiting = asyncio.ensure_future(db.db_phase(quick)(name="waiting"))
+        await asyncio.sleep(0)  # it waits for the only slot
+        waiting.cancel()
+        running.cancel()
+        for task in (waiting, running):
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        release.set()
+        # The slot is free again: a later phase runs (after the started one, on the one thread).
+        return await db.db_phase(quick)(name="later")
+
+    assert asyncio.run(main()) == "later"
+    assert ran == ["slow", "later"]
