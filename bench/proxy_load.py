@@ -1,7 +1,7 @@
 """Model proxy under load: many concurrent streaming Claude Code sessions against an
 instant sampler, through a live uvicorn proxy on 127.0.0.1.
 
-    .venv/bin/python bench/proxy_load.py [--sessions 200] [--turns 5] [--size small|claude-code]
+    .venv/bin/python bench/proxy_load.py [--sessions 200] [--turns 5] [--size small|claude-code] [--workers 1]
 
 Set-up (idempotent): the bench's own database (--database-url, default synth_bench_proxy;
 DATABASE_URL is not read) created if missing and migrated; the Qwen3 tokenizer
@@ -12,7 +12,8 @@ credential per session, as each attempt of a run holds its own. The proxy is thi
 with --serve in a subprocess: uvicorn serving synth_project.proxy_asgi with uvicorn's
 defaults but the deployment's keep-alive (75 s) on a free loopback port, its own process as
 in production (so a repeated exception is logged a few times a minute, then counted: see
-synth_common.logfold).
+synth_common.logfold). With --workers N it is N such processes (the floor in each too), as a
+proxy given N cores is deployed; their CPU and loop lag are summed and pooled.
 
 Load: --sessions asyncio tasks, each with its own httpx.AsyncClient (one connection, as
 each harness process holds its own), started together, each a
@@ -119,14 +120,39 @@ def ms(values: list[float]) -> str:
 # ------------------------------------------------------------------------------
 
 
-def serve(port: int, lag_file: str, probe_ms: float) -> None:
-    """uvicorn with the ASGI application and a loop-lag probe on its event loop."""
+def serve(port: int, lag_file: str, probe_ms: float, workers: int = 1) -> None:
+    """uvicorn with the ASGI application and a loop-lag probe on its event loop, in
+    ``workers`` processes (this one and workers - 1 forked children), each listening on its
+    own SO_REUSEPORT socket of the port, so the kernel spreads the sessions' connections
+    over them (one shared socket lets whichever process wakes first accept a burst)."""
+    import signal
+    import socket
+
+    children: list[int] = []
+    index = 0
+    for number in range(1, workers):  # forked before the application is imported
+        pid = os.fork()
+        if pid == 0:
+            children, index = [], number
+            import ctypes
+
+            ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: ends with the parent, however it ends
+            break
+        children.append(pid)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(2048)
+
     import uvicorn
 
     from synth_project.proxy_asgi import application
 
     interval = probe_ms / 1000
     floor_events: list[bytes] = []
+    floor_file = Path(f"{lag_file}.floor")  # the recorded answer, for every process
+    if index:
+        lag_file = f"{lag_file}.w{index}"
 
     async def floor(scope: dict[str, Any], receive: Any, send: Any) -> None:
         """The floor: the recorded SSE bytes, event by event, for any POST; PUT records them."""
@@ -137,10 +163,14 @@ def serve(port: int, lag_file: str, probe_ms: float) -> None:
             if not message.get("more_body"):
                 break
         if scope["method"] == "PUT":
-            floor_events[:] = [event + b"\n\n" for event in bytes(body).split(b"\n\n") if event]
+            floor_file.with_suffix(".tmp").write_bytes(bytes(body))
+            floor_file.with_suffix(".tmp").replace(floor_file)  # whole, for the other processes
+            floor_events.clear()
             await send({"type": "http.response.start", "status": 204, "headers": []})
             await send({"type": "http.response.body", "body": b""})
             return
+        if not floor_events:
+            floor_events[:] = [event + b"\n\n" for event in floor_file.read_bytes().split(b"\n\n") if event]
         headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         for event in floor_events:
@@ -171,17 +201,21 @@ def serve(port: int, lag_file: str, probe_ms: float) -> None:
     async def main() -> None:
         # Keep-alive as deployed (deploy/k8s/proxy.yaml): with uvicorn's 5 s default, every
         # connection idle between the phases is closed and the next phase opens 200 at once.
-        config = uvicorn.Config(
-            app, host="127.0.0.1", port=port, lifespan="off", log_level="warning", timeout_keep_alive=75
-        )
+        config = uvicorn.Config(app, lifespan="off", log_level="warning", timeout_keep_alive=75)
         server = uvicorn.Server(config)
         task = asyncio.create_task(probe())
         try:
-            await server.serve()  # returns on SIGTERM / SIGINT (graceful shutdown)
+            await server.serve(sockets=[listener])  # returns on SIGTERM / SIGINT (graceful shutdown)
         finally:
             task.cancel()
 
     asyncio.run(main())
+    for pid in children:
+        os.kill(pid, signal.SIGTERM)
+    for pid in children:
+        os.waitpid(pid, 0)
+    if index:
+        os._exit(0)  # a forked child: not back into the parent's caller
 
 
 # SET-UP (this process)
@@ -297,8 +331,13 @@ def machine_busy() -> tuple[float, float]:
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of the process and of its children (the proxy's other workers)."""
+    total = 0.0
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    for each in [pid] + [int(c) for c in (children.read_text().split() if children.exists() else [])]:
+        fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 # THE LOAD (this process)
@@ -650,7 +689,7 @@ async def load(base: str, secrets: list[str], args: argparse.Namespace, proxy_pi
     print(
         f"load: {len(secrets)} concurrent streaming sessions x up to {args.turns} calls ({args.size} conversations, "
         f"prompt {min(stats.prompt_tokens, default=0):,}-{max(stats.prompt_tokens, default=0):,} tokens), "
-        f"instant sampler, 1 uvicorn process"
+        f"instant sampler, {args.workers} uvicorn process{'es' if args.workers > 1 else ''}"
     )
     print(
         f"completed calls: {total} in {elapsed:.1f} s = {total / elapsed:,.1f} calls/s; "
@@ -681,6 +720,7 @@ async def load(base: str, secrets: list[str], args: argparse.Namespace, proxy_pi
     )
     return {
         "sessions": len(secrets),
+        "proxy_processes": args.workers,
         "calls_per_s": round(total / elapsed, 1),
         "ttfb_p50_ms": round(pct(stats.ttfb, 0.5) * 1000, 1),
         "ttfb_p99_ms": round(pct(stats.ttfb, 0.99) * 1000, 1),
@@ -757,12 +797,18 @@ def main() -> None:
     parser.add_argument(
         "--broker-url", default=BROKER_URL, help="the bench's Redis broker (its evidence queue is deleted)"
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="proxy processes (the floor runs in the same ones), each on its own SO_REUSEPORT socket",
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--lag-file", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.port, args.lag_file, args.probe_ms)
+        serve(args.port, args.lag_file, args.probe_ms, args.workers)
         return
 
     import logging
@@ -793,6 +839,8 @@ def main() -> None:
             lag_file,
             "--probe-ms",
             str(args.probe_ms),
+            "--workers",
+            str(args.workers),
         ],
         cwd=ROOT,
         env=env,
@@ -827,11 +875,14 @@ def main() -> None:
             server.wait()
     window = getattr(args, "window", None)
     samples = []
-    for line in Path(lag_file).read_text(encoding="utf-8").splitlines():
-        at, _, lag = line.partition(" ")
-        if lag:
-            samples.append((float(at), float(lag)))
-    Path(lag_file).unlink(missing_ok=True)
+    files = [Path(lag_file)] + sorted(Path(lag_file).parent.glob(Path(lag_file).name + ".w*"))
+    for path in files:  # every proxy process' probe
+        for line in path.read_text(encoding="utf-8").splitlines():
+            at, _, lag = line.partition(" ")
+            if lag:
+                samples.append((float(at), float(lag)))
+        path.unlink(missing_ok=True)
+    Path(f"{lag_file}.floor").unlink(missing_ok=True)
     lag: list[float] = []
     if window:
         lag = [lag for at, lag in samples if window[0] <= at <= window[1]]

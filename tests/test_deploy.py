@@ -96,6 +96,18 @@ def test_the_trials_pod_shares_the_proxy_socket_and_commands_name_real_files():
                     assert (ROOT / f"{module}.py").is_file(), part
 
 
+def test_every_proxy_runs_one_process_per_core_it_requests():
+    """A Python process uses one core at most: a proxy container given more runs as many
+    uvicorn workers (one when it names none)."""
+    pods = _containers(_documents())
+    proxies = [c for containers in pods.values() for c in containers if c["command"][:2] == ["uvicorn", PROXY_APP]]
+    assert len(proxies) == 2
+    for proxy in proxies:
+        command = proxy["command"]
+        workers = int(command[command.index("--workers") + 1]) if "--workers" in command else 1
+        assert workers == int(proxy["resources"]["requests"]["cpu"]), command
+
+
 def test_the_image_copies_what_exists_and_runs_the_gateway_config():
     dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
     for line in dockerfile.splitlines():

@@ -71,11 +71,14 @@ def test_proxy_load_prints_figures() -> None:
     out = run_bench(
         "proxy_load.py",
         *("--sessions", "4", "--turns", "2", "--max-seconds", "60", "--long-tokens", "24000"),
-        *("--database-url", database),
+        *("--database-url", database, "--workers", "2"),
     )
     for line in ("completed calls:", "TTFB (first SSE byte", "done (message_stop):", "proxy event-loop lag"):
         assert line in out, out
     figures = json.loads(out.strip().splitlines()[-1])
+    # Two proxy processes, each serving the floor's recorded answer whole.
+    assert figures["proxy_processes"] == 2 and figures["errors"] == 0, out
+    assert "2 uvicorn processes" in out and "errors: none; proxy/floor" in out, out
     # The long conversation grew past its target, and its warm calls were timed on both sides.
     assert figures["warm_long_tokens"] >= 24000, out
     assert isinstance(figures["warm_long_added_ms"], float), out
