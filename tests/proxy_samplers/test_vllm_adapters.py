@@ -261,7 +261,8 @@ def test_an_adapter_in_use_is_not_unloaded_until_its_sample_ends(server: ServerT
         await client.close()
 
     run(go)
-    assert server.app.disconnected.is_set()  # the cancelled generation's request was closed
+    # Set by the server thread once it sees the closed request: waited for, not sampled.
+    assert server.app.disconnected.wait(timeout=30)  # the cancelled generation's request was closed
 
 
 def test_a_server_that_lost_the_adapter_gets_it_again_once(server: ServerThread, adapter_root) -> None:
