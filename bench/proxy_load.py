@@ -201,7 +201,9 @@ def serve(port: int, lag_file: str, probe_ms: float, workers: int = 1) -> None:
     async def main() -> None:
         # Keep-alive as deployed (deploy/k8s/proxy.yaml): with uvicorn's 5 s default, every
         # connection idle between the phases is closed and the next phase opens 200 at once.
-        config = uvicorn.Config(app, lifespan="off", log_level="warning", timeout_keep_alive=75)
+        # Lifespan on, as uvicorn runs it deployed: the proxy's startup loads its routes'
+        # tokenizers and imports before the process accepts a connection (apps.proxy.warmup).
+        config = uvicorn.Config(app, lifespan="on", log_level="warning", timeout_keep_alive=75)
         server = uvicorn.Server(config)
         task = asyncio.create_task(probe())
         try:

@@ -23,6 +23,7 @@ synth_project.asgi:application stays the whole application, for other uses.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -42,6 +43,7 @@ from django.core.handlers.exception import convert_exception_to_response  # noqa
 from django.utils.module_loading import import_string  # noqa: E402
 
 from apps.proxy.errors import error_payload, new_request_id  # noqa: E402 - needs the app registry
+from apps.proxy.warmup import proxy_warm  # noqa: E402
 from synth_common.logfold import ErrorResponseFolder, RepeatFolder  # noqa: E402
 
 MODEL_PREFIX = "/v1/"
@@ -149,6 +151,10 @@ async def _lifespan(receive: Any, send: Any) -> None:
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
+            # Before the server accepts a connection (apps.proxy.warmup says why); off the
+            # loop, which has nothing else to run yet but the server's own start.
+            families = await asyncio.to_thread(proxy_warm, urlconf=PROXY_URLCONF)
+            logging.getLogger(__name__).info("proxy warmed: adapters %s", ", ".join(families) or "none")
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
             await send({"type": "lifespan.shutdown.complete"})

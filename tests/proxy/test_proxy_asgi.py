@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from typing import Any
 
 import pytest
@@ -154,3 +155,55 @@ def test_the_proxy_urlconf_holds_only_the_model_api() -> None:
             resolve(path, urlconf="synth_project.proxy_urls")
     assert resolve("/v1/messages", urlconf="synth_project.proxy_urls").url_name == "v1-messages"
     assert resolve("/healthz", urlconf="synth_project.proxy_urls").url_name == "healthz"
+
+
+@pytest.mark.django_db(transaction=True)  # the warm-up reads the routes from its own thread
+def test_startup_loads_every_enabled_routes_adapter_before_the_first_call(
+    monkeypatch, caplog, settings, tmp_path, qwen3_tokenizer
+) -> None:
+    from apps.proxy.adapters import registry
+    from apps.proxy.models import ModelRoute
+
+    from .conftest import TOKENIZER_DIR, make_route
+
+    # A tokenizer directory holding only Qwen3's, and a new process: nothing loaded yet.
+    shutil.copytree(TOKENIZER_DIR / "qwen3", tmp_path / "qwen3")
+    settings.SYNTH_TOKENIZER_DIR = tmp_path
+    monkeypatch.setattr(registry, "_adapters", {})
+
+    make_route(name="served")
+    # A family whose tokenizer is not provisioned, and one no adapter renders: logged, and
+    # the process still starts (their callers get the misconfiguration on their call).
+    make_route(name="unprovisioned", family="kimi-k2")
+    ModelRoute.objects.create(
+        name="unknown", family="nope", tokenizer="nope", context_window=10, max_output=5, sampler_backend="scripted"
+    )
+    ModelRoute.objects.create(
+        name="off",
+        family="glm-4.6",
+        tokenizer="glm-4.6",
+        context_window=10,
+        max_output=5,
+        sampler_backend="scripted",
+        inference_enabled=False,
+    )
+
+    async def startup() -> list[dict[str, Any]]:
+        messages = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
+        out: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return next(messages)
+
+        async def send(message: dict[str, Any]) -> None:
+            out.append(message)
+
+        await application({"type": "lifespan"}, receive, send)
+        return out
+
+    with caplog.at_level("WARNING", logger="apps.proxy.warmup"):
+        assert asyncio.run(startup())[0] == {"type": "lifespan.startup.complete"}
+    assert set(registry._adapters) == {"qwen3"}
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "family kimi-k2 not loaded" in warned and "family nope not loaded" in warned
+    assert "family glm-4.6" not in warned  # a route with inference off is not warmed
