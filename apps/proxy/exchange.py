@@ -154,6 +154,7 @@ class _CapturedResponse(JsonResponse):
     handler calls close() after the last byte (not when a client went away first)."""
 
     call: CallDelivery | None = None
+    close_blocks = True  # it writes the database: the proxy's handler closes it in a database phase
 
     def close(self) -> None:
         # Settle first: super().close() fires request_finished, which may close the

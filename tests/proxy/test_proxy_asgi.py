@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import time
 from typing import Any
 
 import pytest
@@ -207,3 +208,40 @@ def test_startup_loads_every_enabled_routes_adapter_before_the_first_call(
     warned = " ".join(r.getMessage() for r in caplog.records)
     assert "family kimi-k2 not loaded" in warned and "family nope not loaded" in warned
     assert "family glm-4.6" not in warned  # a route with inference off is not warmed
+
+
+@pytest.mark.django_db(transaction=True)  # the live proxy's database phases run on their own threads
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_proxy_handler_records_delivery_once_the_answer_is_sent(live_proxy, stream) -> None:
+    """The proxy's handler closes a JSON answer, which records its delivery, in a database
+    phase and a stream on the loop; either way the call is settled delivered, and a body
+    that is not JSON is the client's error in Anthropic's shape."""
+    import httpx
+
+    from apps.proxy.models import Delivery, Interaction
+    from tests.conftest import make_member
+
+    from .conftest import issue, make_route
+
+    member = make_member("team", "alice")
+    make_route("qwen3-instant")
+    headers = {"x-api-key": issue(member.org, "qwen3-instant"), "anthropic-version": "2023-06-01"}
+    body = {
+        "model": "qwen3-instant",
+        "max_tokens": 16,
+        "stream": stream,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    with httpx.Client(base_url=live_proxy.url, timeout=60) as client:
+        reply = client.post("/v1/messages", json=body, headers=headers)
+        assert reply.status_code == 200
+        assert ("event: message_stop" in reply.text) if stream else reply.json()["type"] == "message"
+        bad = client.post("/v1/messages", content=b"{not json", headers={**headers, "content-type": "application/json"})
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+    # The handler closes the response after its last byte: wait for that close's write.
+    interaction = Interaction.objects.get(org=member.org)
+    deadline = time.monotonic() + 30
+    while interaction.delivery == Delivery.PENDING and time.monotonic() < deadline:
+        time.sleep(0.02)
+        interaction.refresh_from_db()
+    assert interaction.delivery == Delivery.DELIVERED and interaction.stream is stream
