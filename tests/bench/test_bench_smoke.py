@@ -135,3 +135,6 @@ def test_training_pipeline_bench_prints_figures() -> None:
     # equals the lockstep one.
     assert figures["staleness_steps"] == 0 and figures["max_abs_kl"] <= 1e-3
     assert figures["weights_max_abs_diff"] < 1e-6
+    # The training worker ran on a CPU of its own (the last this process may use).
+    cpus = sorted(os.sched_getaffinity(0))
+    assert figures["trainer_cpu"] == (cpus[-1] if len(cpus) > 1 else None)
