@@ -60,6 +60,13 @@ class FreshCache[K: Hashable, V]:
             self.put(key, found, read_started=started)
         return found
 
+    def age(self, key: K) -> float | None:
+        """Seconds since the read of the cached value for ``key`` began (fresh or not); None
+        if none is cached."""
+        with self._lock:
+            entry = self._entries.get(key)
+        return None if entry is None else time.monotonic() - entry[1]
+
     def put(self, key: K, value: V, *, read_started: float) -> None:
         """Keep ``value``, read by a read that began at ``read_started`` (see read_started)."""
         if self._check_seconds() <= 0:

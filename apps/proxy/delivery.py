@@ -19,7 +19,7 @@ import asyncio
 import logging
 from typing import Any
 
-from apps.proxy import calls, capture
+from apps.proxy import calls, capture, lookups
 from apps.proxy.db import db_phase
 from apps.proxy.models import Delivery, Interaction
 
@@ -83,7 +83,7 @@ class CallDelivery:
         if self.state != STAGED:
             return
         self.state = DELIVERED
-        capture.interaction_settle(interaction_id=self.interaction_id, delivery=Delivery.DELIVERED, staged=self._staged)
+        _settle(interaction_id=self.interaction_id, delivery=Delivery.DELIVERED, staged=self._staged)
 
     async def abandon(self) -> None:
         """The client went away before the answer was delivered (a no-op once final)."""
@@ -107,6 +107,14 @@ class CallDelivery:
             await _record_unanswered(self.prepared, delivery=Delivery.CLIENT_DISCONNECTED, error="client disconnected")
 
 
+def _settle(**kwargs: Any) -> None:
+    """Settle the interaction; then, in the same phase, its answer being out, keep the
+    process's cached callers and routes fresh (apps.proxy.lookups), so the next calls
+    authenticate without a phase of their own."""
+    capture.interaction_settle(**kwargs)
+    lookups.lookups_confirm_ahead()
+
+
 # Settle writes on their way (a reference keeps a detached task alive until it is done).
 _settling: set[asyncio.Future[Any]] = set()
 
@@ -118,7 +126,7 @@ async def _settle_shielded(**kwargs: Any) -> None:
     stream) gets the response's task cancelled while this write is waiting for its database
     slot; awaited in that task, the write would never start and the row would stay pending,
     so the attempt's last call would be unsettled when the learner reads it."""
-    task = asyncio.ensure_future(db_phase(capture.interaction_settle)(**kwargs))
+    task = asyncio.ensure_future(db_phase(_settle)(**kwargs))
     _settling.add(task)
     task.add_done_callback(_settling.discard)
     await asyncio.shield(task)

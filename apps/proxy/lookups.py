@@ -15,6 +15,15 @@ while calls keep coming. An operator's token is not confirmed that way (its role
 token may change in several tables): it is read again once stale. The route table is small
 and read whole once stale. Expiry is checked on every use, from the cached row.
 
+A process serving calls keeps its callers' entries from going stale at all: the phase that
+settles each call, once its answer is out, also confirms ahead (`lookups_confirm_ahead`) the
+entries used since their last confirmation that are past half the interval, and re-reads
+the route table past half of it, at most once per half interval and never waiting for
+another thread's confirmation. A caller in steady use is then always found fresh, and its
+calls authenticate and resolve with no database phase of their own (at 200 sessions every
+call otherwise found its entry stale: a session calls every second or so). The bound is
+unchanged: an entry is still served only while its last confirmation is within the interval.
+
 Failures are not cached: an unknown or revoked secret reads the database every time, which
 is also where its exact refusal comes from (apps.proxy.credentials).
 
@@ -24,6 +33,8 @@ is also where its exact refusal comes from (apps.proxy.credentials).
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -39,6 +50,8 @@ from apps.accounts.services import token_hash
 from apps.proxy.credentials import Caller, caller_authenticate
 from apps.proxy.models import ModelRoute
 from synth_common.fresh_cache import FreshCache
+
+logger = logging.getLogger(__name__)
 
 # Callers kept at most, and for at most this long since they were read in full (a bound on
 # memory and on how long a cached row's other fields may lag, not on revocation).
@@ -56,6 +69,7 @@ def _fresh(valid_as_of: float) -> bool:
 class _Entry:
     caller: Caller
     valid_as_of: float
+    used: bool = False  # served since it was last read or confirmed: worth confirming ahead
 
 
 class CallerCache:
@@ -65,6 +79,7 @@ class CallerCache:
         self._lock = threading.Lock()
         self._confirming = threading.Lock()  # held across the confirming query, never with _lock
         self._entries: TTLCache[str, _Entry] = TTLCache(maxsize=CALLER_ENTRIES, ttl=CALLER_TTL_SECONDS)
+        self._ahead_at = -math.inf  # when the last confirmation ahead began (monotonic)
 
     def cached(self, *, secret: str | None) -> Caller | None:
         """The caller for `secret` if it is cached, fresh and not expired; else None."""
@@ -78,6 +93,7 @@ class CallerCache:
         cred = entry.caller.credential
         if cred is not None and cred.expires_at <= timezone.now():
             return None
+        entry.used = True
         return entry.caller
 
     def load(self, *, secret: str | None) -> Caller:
@@ -103,21 +119,45 @@ class CallerCache:
         if not self._any_stale():
             return
         with self._confirming:
-            self._confirm_stale_locked()
+            self._confirm_locked(older_than=settings.SYNTH_PROXY_LOOKUP_CHECK_SECONDS, used_only=False)
+
+    def confirm_ahead(self) -> None:
+        """Confirm the entries served since their last confirmation that are past half the
+        check interval, before they go stale; at most once per half interval, and not at all
+        while another thread confirms. Reads the database: call it in a database phase."""
+        half = settings.SYNTH_PROXY_LOOKUP_CHECK_SECONDS / 2
+        now = time.monotonic()
+        if half <= 0 or now - self._ahead_at < half:
+            return  # confirmed ahead lately: what is due now waits for the next half interval
+        if not self._confirming.acquire(blocking=False):
+            return
+        try:
+            if self._confirm_locked(older_than=half, used_only=True):
+                self._ahead_at = now
+        finally:
+            self._confirming.release()
 
     def _any_stale(self) -> bool:
         with self._lock:
             return any(not _fresh(e.valid_as_of) for e in self._entries.values())
 
-    def _confirm_stale_locked(self) -> None:
+    def _confirm_locked(self, *, older_than: float, used_only: bool) -> bool:
+        """Confirm the entries read or confirmed more than `older_than` seconds ago (only
+        those served since, if `used_only`); False if there were none to query. An
+        operator's entry is not confirmed: dropped once stale, kept until then."""
+        now = time.monotonic()
         with self._lock:
-            stale = [(key, e) for key, e in self._entries.items() if not _fresh(e.valid_as_of)]
-            for key, entry in stale:
-                if entry.caller.credential is None:
+            due = [
+                (key, e)
+                for key, e in self._entries.items()
+                if now - e.valid_as_of > older_than and (e.used or not used_only)
+            ]
+            for key, entry in due:
+                if entry.caller.credential is None and not _fresh(entry.valid_as_of):
                     del self._entries[key]
-        stale = [(key, e) for key, e in stale if e.caller.credential is not None]
+        stale = [(key, e) for key, e in due if e.caller.credential is not None]
         if not stale:
-            return
+            return False
         started = time.monotonic()
         ids = sorted({e.caller.credential.id for _, e in stale if e.caller.credential is not None})
         live: dict[str, Any] = {}  # id -> expires_at of the credentials not revoked
@@ -135,12 +175,15 @@ class CallerCache:
                 # A changed expiry is read again in full (the cached row is not patched).
                 if cred is not None and cred.id in live and live[cred.id] == cred.expires_at:
                     entry.valid_as_of = max(entry.valid_as_of, started)
+                    entry.used = False
                 else:
                     del self._entries[key]
+        return True
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._ahead_at = -math.inf
 
 
 class RouteCache:
@@ -152,6 +195,7 @@ class RouteCache:
         self._current: FreshCache[str, tuple[ModelRoute, ...]] = FreshCache(
             maxsize=1, check_seconds=lambda: settings.SYNTH_PROXY_LOOKUP_CHECK_SECONDS
         )
+        self._refreshing = threading.Lock()
 
     def cached(self) -> Sequence[ModelRoute] | None:
         return self._current.get(self.KEY)
@@ -161,6 +205,19 @@ class RouteCache:
         routes = self._current.read_through(self.KEY, read=lambda: tuple(ModelRoute.objects.all().order_by("name")))
         assert routes is not None  # a tuple, empty at worst
         return routes
+
+    def refresh_ahead(self) -> None:
+        """Read the table again once it is past half the check interval (not while another
+        thread reads it ahead), so calls keep finding it fresh. Reads the database."""
+        half = settings.SYNTH_PROXY_LOOKUP_CHECK_SECONDS / 2
+        age = self._current.age(self.KEY)
+        if half <= 0 or age is None or age <= half or not self._refreshing.acquire(blocking=False):
+            return
+        try:
+            started = self._current.read_started()
+            self._current.put(self.KEY, tuple(ModelRoute.objects.all().order_by("name")), read_started=started)
+        finally:
+            self._refreshing.release()
 
     def clear(self) -> None:
         self._current.clear()
@@ -184,6 +241,17 @@ def routes_cached() -> Sequence[ModelRoute] | None:
 
 def routes_load() -> Sequence[ModelRoute]:
     return routes.load()
+
+
+def lookups_confirm_ahead() -> None:
+    """Keep the callers in use and the route table fresh (see the module docstring); run by
+    the phase that settles a call. A failure is logged, never raised: the entries then go
+    stale and are read as before."""
+    try:
+        callers.confirm_ahead()
+        routes.refresh_ahead()
+    except Exception:  # noqa: BLE001 - the settle it follows has already been written
+        logger.warning("proxy lookups: confirming ahead failed", exc_info=True)
 
 
 def lookups_clear() -> None:

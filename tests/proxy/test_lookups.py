@@ -338,3 +338,71 @@ def test_stale_callers_found_at_once_are_confirmed_by_one_query(cached):
         thread.join()
     assert len(confirms) == 1, confirms
     assert all(lookups.caller_cached(secret=secret) is not None for secret in secrets)
+
+
+class Clock:
+    """The lookups' monotonic clock, moved by hand: freshness without waiting."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.mark.django_db
+def test_callers_in_use_and_the_routes_are_confirmed_ahead_and_never_go_stale(cached, monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(lookups, "time", clock)
+    monkeypatch.setattr("synth_common.fresh_cache.time", clock)
+    member = make_member("team", "alice")
+    make_route("qwen3-attempt")
+    used, idle, revoked = (issue(member.org, "qwen3-attempt", trial=f"trl_{n}") for n in range(3))
+    for secret in (used, idle, revoked):
+        lookups.caller_load(secret=secret)
+    lookups.routes_load()
+
+    # Before half the interval: nothing to confirm, and no query.
+    clock.now += CHECK_SECONDS * 0.4
+    assert lookups.caller_cached(secret=used) is not None
+    with CaptureQueriesContext(connection) as queries:
+        lookups.lookups_confirm_ahead()
+    assert len(queries) == 0
+
+    # Past half of it: the entries served since their read are confirmed (one query), the
+    # revoked one dropped, the idle one left to go stale; the route table is read again.
+    clock.now += CHECK_SECONDS * 0.2
+    assert lookups.caller_cached(secret=revoked) is not None
+    model_credential_revoke(cred=lookups.caller_cached(secret=revoked).credential)
+    with CaptureQueriesContext(connection) as queries:
+        lookups.lookups_confirm_ahead()
+        lookups.lookups_confirm_ahead()  # at most once per half interval
+    tables = [q["sql"] for q in queries]
+    assert len(tables) == 2 and ModelCredential._meta.db_table in tables[0] and ModelRoute._meta.db_table in tables[1]
+    assert lookups.caller_cached(secret=revoked) is None  # refused from the database now
+
+    # Past the interval since the first read: the confirmed caller and routes are still
+    # fresh (served with no query), the idle one is stale.
+    clock.now += CHECK_SECONDS * 0.6
+    with CaptureQueriesContext(connection) as queries:
+        assert lookups.caller_cached(secret=used) is not None
+        assert lookups.routes_cached() is not None
+        assert lookups.caller_cached(secret=idle) is None
+    assert len(queries) == 0
+
+
+@pytest.mark.django_db(transaction=True)  # the settle's phase may run on a connection of its own
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_settled_call_confirms_its_caller_ahead(cached, monkeypatch, stream):
+    """The phase that settles a model call also confirms ahead: a session that keeps
+    calling finds its caller fresh, call after call, however long it runs."""
+    clock = Clock()
+    monkeypatch.setattr(lookups, "time", clock)
+    monkeypatch.setattr("synth_common.fresh_cache.time", clock)
+    member = make_member("team", "alice")
+    make_route("qwen3-attempt")
+    secret = issue(member.org, "qwen3-attempt")
+    for _ in range(4):
+        assert call("/v1/messages", secret=secret, body=body(stream=stream)).status == 200
+        clock.now += CHECK_SECONDS * 0.6  # each call more than half the interval after the last
+        assert lookups.caller_cached(secret=secret) is not None
