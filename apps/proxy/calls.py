@@ -151,6 +151,17 @@ def adapter_get(*, route: ModelRoute) -> TemplateAdapter:
         raise ApiError(f"model route {route.name!r} is misconfigured: {exc}") from exc
 
 
+async def adapter_ready(*, route: ModelRoute) -> TemplateAdapter:
+    """``adapter_get`` with no thread hop once the process has the adapter (loaded at
+    startup, apps.proxy.warmup); its first load runs in the worker pool."""
+    from apps.proxy.adapters.registry import adapter_loaded
+
+    adapter = adapter_loaded(route.family)
+    if adapter is None:
+        adapter = await pool.run_cpu(adapter_get, route=route)
+    return adapter
+
+
 def sampler_config(*, route: ModelRoute, snapshot: str) -> dict[str, Any]:
     """The route's sampler config, pointed at the snapshot an attempt is bound to.
 
@@ -225,7 +236,15 @@ def _sampler_for(route: ModelRoute, snapshot: str) -> Sampler:
 
 
 async def sampler_get(*, route: ModelRoute, snapshot: str) -> Sampler:
-    # Off the event loop: unpacking weights and loading a model both block.
+    # The route's own sampler, once built, from the process's cache on the loop: its config
+    # is the route's (no package to materialize). Otherwise off the event loop: unpacking
+    # weights and loading a model both block.
+    if snapshot in ("", "base"):
+        from apps.proxy.samplers.factory import sampler_cached
+
+        sampler = sampler_cached(backend=route.sampler_backend, config=dict(route.sampler_config or {}))
+        if sampler is not None:
+            return sampler
     return await asyncio.to_thread(_sampler_for, route, snapshot)
 
 
@@ -320,7 +339,7 @@ async def message_prepare(*, ctx: CallContext, request: dict[str, Any]) -> Prepa
     if held.get("max_tokens") is not None:
         max_tokens = min(max_tokens, int(held["max_tokens"]))
     started = time.perf_counter()
-    adapter = await pool.run_cpu(adapter_get, route=route)
+    adapter = await adapter_ready(route=route)
     fitted, reused = await pool.run_cpu(_prepare_sync, ctx=ctx, request=request, adapter=adapter, max_tokens=max_tokens)
     sampling = call_sampling(request=request, held=held)
     if held.get("seed") is not None:
@@ -381,7 +400,7 @@ def call_seed(*, attempt_seed: int, prompt_ids: Sequence[int]) -> int:
 
 async def tokens_count(*, ctx: CallContext, request: dict[str, Any]) -> int:
     """Exact input tokens of the request as sent (no fitting: the client wants the truth)."""
-    adapter = await pool.run_cpu(adapter_get, route=ctx.route)
+    adapter = await adapter_ready(route=ctx.route)
 
     def count() -> int:
         try:

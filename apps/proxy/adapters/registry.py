@@ -31,6 +31,12 @@ _adapters: dict[str, TemplateAdapter] = {}
 _lock = threading.Lock()
 
 
+def adapter_loaded(family: str) -> TemplateAdapter | None:
+    """The family's adapter if this process has built it; a dictionary read (no tokenizer
+    load), so the event loop may call it."""
+    return _adapters.get(family)
+
+
 def adapter_for(family: str) -> TemplateAdapter:
     """The process-wide adapter for `family`, built once with the family's provisioned tokenizer
     (raises TokenizerNotProvisioned, naming the command to run, if it is missing). One instance

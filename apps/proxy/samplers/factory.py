@@ -176,6 +176,17 @@ def _create(backend: str, config: dict[str, Any]) -> Sampler:
     return InstantSampler(token_ids=config.get("token_ids", ()))
 
 
+def sampler_cached(*, backend: str, config: dict[str, Any]) -> Sampler | None:
+    """The process-wide sampler for (backend, config) if it is built; never builds (the
+    event loop may call it)."""
+    key = (backend, _freeze(config))
+    with _cache_lock:
+        sampler = _cache.get(key)
+        if sampler is not None:
+            _cache.move_to_end(key)
+        return sampler
+
+
 def sampler_build(*, backend: str, config: dict[str, Any]) -> Sampler:
     """The process-wide sampler for (backend, config); built on first use."""
     if backend not in BACKENDS:
