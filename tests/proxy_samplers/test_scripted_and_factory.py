@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from apps.proxy.samplers.base import SampleRequest
-from apps.proxy.samplers.factory import sampler_build, sampler_build_async, sampler_cache_clear
+from apps.proxy.samplers.factory import sampler_build, sampler_build_async, sampler_cache_clear, sampler_cached
 from apps.proxy.samplers.local import LocalTorchSampler
 from apps.proxy.samplers.openai_compat import OpenAICompatibleSampler
 from apps.proxy.samplers.scripted import InstantSampler, ScriptedSampler, ScriptExhausted
@@ -69,8 +69,11 @@ def test_instant_sampler() -> None:
 
 
 def test_factory_builds_each_backend_once() -> None:
+    # Before its build, the event loop's cache read finds nothing (and builds nothing).
+    assert sampler_cached(backend="local", config={"family": "qwen3", "tiny": True, "seed": 0}) is None
     tiny = sampler_build(backend="local", config={"family": "qwen3", "tiny": True, "seed": 0})
     assert isinstance(tiny, LocalTorchSampler)
+    assert sampler_cached(backend="local", config={"seed": 0, "tiny": True, "family": "qwen3"}) is tiny
     assert sampler_build(backend="local", config={"seed": 0, "tiny": True, "family": "qwen3"}) is tiny
     assert sampler_build(backend="local", config={"family": "kimi", "tiny": True, "seed": 0}) is not tiny
 
