@@ -86,11 +86,11 @@ if ! { [ -f "$RUNDIR/proxy.pid" ] && kill -0 "$(cat "$RUNDIR/proxy.pid")" 2>/dev
   rm -f "$SYNTH_PROXY_SOCKET"  # a stale socket of a proxy that died; uvicorn cannot bind over it
 fi
 start proxy "$ROOT/.venv/bin/uvicorn" synth_project.proxy_asgi:application --uds "$SYNTH_PROXY_SOCKET" \
-  --lifespan off --timeout-keep-alive 75
+  --lifespan on --timeout-keep-alive 75
 # A second process on TCP, so that an operator's long generation never shares a process (its
 # event loop, its admission) with the agents in sandboxes.
 start proxy-tcp "$ROOT/.venv/bin/uvicorn" synth_project.proxy_asgi:application --host 127.0.0.1 \
-  --port "$PROXY_PORT" --lifespan off --timeout-keep-alive 75
+  --port "$PROXY_PORT" --lifespan on --timeout-keep-alive 75
 start gateway "$ROOT/.venv/bin/gunicorn" synth_project.wsgi -c deploy/gunicorn.conf.py -b "127.0.0.1:$PORT" -w 1
 start worker "$ROOT/.venv/bin/celery" -A synth_project worker -Q control,trials,evidence,training -c 3 -B \
   -s "$SYNTH_VAR_DIR/celerybeat-schedule" --without-gossip --without-mingle -l INFO

@@ -108,6 +108,20 @@ def test_every_proxy_runs_one_process_per_core_it_requests():
         assert workers == int(proxy["resources"]["requests"]["cpu"]), command
 
 
+def test_every_proxy_runs_its_startup_before_it_serves():
+    """Each proxy process loads its routes' tokenizers at ASGI lifespan startup
+    (apps.proxy.warmup), which uvicorn runs only with the lifespan on: deployed and
+    embedded, every proxy command asks for it."""
+    pods = _containers(_documents())
+    commands = [
+        c["command"] for containers in pods.values() for c in containers if c["command"][:2] == ["uvicorn", PROXY_APP]
+    ]
+    assert commands and all(command[command.index("--lifespan") + 1] == "on" for command in commands), commands
+    embedded = (ROOT / "deploy" / "embedded.sh").read_text()
+    starts = re.findall(r"bin/uvicorn\" synth_project\.proxy_asgi:application[^\n]*\n[^\n]*", embedded)
+    assert len(starts) == 2 and all("--lifespan on" in start for start in starts), starts
+
+
 def test_the_image_copies_what_exists_and_runs_the_gateway_config():
     dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
     for line in dockerfile.splitlines():

@@ -31,7 +31,10 @@ def proxy_warm(*, urlconf: str) -> list[str]:
     from apps.proxy.adapters.registry import adapter_for
     from apps.proxy.models import ModelRoute
 
-    resolve("/v1/messages", urlconf=urlconf)
+    try:
+        resolve("/v1/messages", urlconf=urlconf)
+    except Exception as exc:  # noqa: BLE001 - the first call reports a broken URLconf itself
+        logger.warning("proxy warm-up: the URLconf did not load: %s", exc)
     families: list[str] = []
     try:
         families = sorted(
