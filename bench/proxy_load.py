@@ -703,7 +703,8 @@ async def load(base: str, secrets: list[str], args: argparse.Namespace, proxy_pi
     print(f"done (message_stop): {ms(stats.done)}")
     print(
         f"CPU during the load: proxy {proxy_cpu / elapsed:.2f} cores, bench client {client_cpu / elapsed:.2f} cores "
-        f"(of {os.cpu_count()}); whole machine {machine:.0%} busy (PostgreSQL's backends included)"
+        f"(of {os.cpu_count()}); whole machine {machine:.0%} busy (PostgreSQL's backends included); "
+        f"the proxy's CPU per call {proxy_cpu * 1000 / max(1, total):.2f} ms"
     )
     print(
         f"PostgreSQL CPU (/proc): the bench database's backends {pg_database * 1000 / max(1, total):.2f} ms per call; "
@@ -732,6 +733,9 @@ async def load(base: str, secrets: list[str], args: argparse.Namespace, proxy_pi
         "floor_ttfb_p50_ms": round(pct(floor.ttfb, 0.5) * 1000, 1),
         "floor_ttfb_p99_ms": round(pct(floor.ttfb, 0.99) * 1000, 1),
         "pg_cpu_ms_per_call": round(pg_database * 1000 / max(1, total), 2),
+        # The steadiest figure to compare two versions of the proxy by: calls/s and the floor
+        # move with whatever else the machine does, CPU per call much less.
+        "proxy_cpu_ms_per_call": round(proxy_cpu * 1000 / max(1, total), 2),
         "loop_lag_p99_ms": None,  # measured in the proxy process: filled in by main()
         "floor_ratio": round(total / elapsed / floor_rate, 3),
         "pg_cpu_source": "proc",

@@ -79,6 +79,8 @@ def test_proxy_load_prints_figures() -> None:
     # Two proxy processes, each serving the floor's recorded answer whole.
     assert figures["proxy_processes"] == 2 and figures["errors"] == 0, out
     assert "2 uvicorn processes" in out and "errors: none; proxy/floor" in out, out
+    # The proxy's processes were measured working (their CPU summed over both).
+    assert figures["proxy_cpu_ms_per_call"] > 0, out
     # The long conversation grew past its target, and its warm calls were timed on both sides.
     assert figures["warm_long_tokens"] >= 24000, out
     assert isinstance(figures["warm_long_added_ms"], float), out
