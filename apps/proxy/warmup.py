@@ -25,9 +25,10 @@ logger = logging.getLogger(__name__)
 
 
 def proxy_warm(*, urlconf: str) -> list[str]:
-    """Load what the first calls would: the proxy's URLconf (`urlconf`), the adapter (and tokenizer) of every
-    family an inference-enabled route uses, Celery's app and transport. Returns the families
-    loaded. Never raises: a failure is logged and the thing loads on first use."""
+    """Load what the first calls would: the proxy's URLconf (`urlconf`), the adapter (and
+    tokenizer) of every family an inference-enabled route uses, Celery's app and transport.
+    Returns the families loaded. Never raises: a failure is logged and the thing loads on
+    first use."""
     from apps.proxy.adapters.registry import adapter_for
     from apps.proxy.models import ModelRoute
 
