@@ -134,20 +134,22 @@ def test_websockets_are_refused_and_lifespan_is_answered() -> None:
     sent = asyncio.run(_call("/v1/messages", kind="websocket"))
     assert sent == [{"type": "websocket.close", "code": 1008}]
 
-    async def lifespan() -> list[dict[str, Any]]:
-        messages = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
-        out: list[dict[str, Any]] = []
+    assert asyncio.run(_lifespan()) == [{"type": "lifespan.startup.complete"}, {"type": "lifespan.shutdown.complete"}]
 
-        async def receive() -> dict[str, Any]:
-            return next(messages)
 
-        async def send(message: dict[str, Any]) -> None:
-            out.append(message)
+async def _lifespan() -> list[dict[str, Any]]:
+    """What the application answers to a server's lifespan startup, then shutdown."""
+    messages = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
+    out: list[dict[str, Any]] = []
 
-        await application({"type": "lifespan"}, receive, send)
-        return out
+    async def receive() -> dict[str, Any]:
+        return next(messages)
 
-    assert asyncio.run(lifespan()) == [{"type": "lifespan.startup.complete"}, {"type": "lifespan.shutdown.complete"}]
+    async def send(message: dict[str, Any]) -> None:
+        out.append(message)
+
+    await application({"type": "lifespan"}, receive, send)
+    return out
 
 
 def test_the_proxy_urlconf_holds_only_the_model_api() -> None:
@@ -176,34 +178,19 @@ def test_startup_loads_every_enabled_routes_adapter_before_the_first_call(
     # A family whose tokenizer is not provisioned, and one no adapter renders: logged, and
     # the process still starts (their callers get the misconfiguration on their call).
     make_route(name="unprovisioned", family="kimi-k2")
-    ModelRoute.objects.create(
-        name="unknown", family="nope", tokenizer="nope", context_window=10, max_output=5, sampler_backend="scripted"
-    )
-    ModelRoute.objects.create(
-        name="off",
-        family="glm-4.6",
-        tokenizer="glm-4.6",
-        context_window=10,
-        max_output=5,
-        sampler_backend="scripted",
-        inference_enabled=False,
-    )
-
-    async def startup() -> list[dict[str, Any]]:
-        messages = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
-        out: list[dict[str, Any]] = []
-
-        async def receive() -> dict[str, Any]:
-            return next(messages)
-
-        async def send(message: dict[str, Any]) -> None:
-            out.append(message)
-
-        await application({"type": "lifespan"}, receive, send)
-        return out
+    for name, family, enabled in (("unknown", "nope", True), ("off", "glm-4.6", False)):
+        ModelRoute.objects.create(
+            name=name,
+            family=family,
+            tokenizer=family,
+            context_window=10,
+            max_output=5,
+            sampler_backend="scripted",
+            inference_enabled=enabled,
+        )
 
     with caplog.at_level("WARNING", logger="apps.proxy.warmup"):
-        assert asyncio.run(startup())[0] == {"type": "lifespan.startup.complete"}
+        assert asyncio.run(_lifespan())[0] == {"type": "lifespan.startup.complete"}
     assert set(registry._adapters) == {"qwen3"}
     warned = " ".join(r.getMessage() for r in caplog.records)
     assert "family kimi-k2 not loaded" in warned and "family nope not loaded" in warned

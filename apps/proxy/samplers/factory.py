@@ -191,12 +191,11 @@ def sampler_build(*, backend: str, config: dict[str, Any]) -> Sampler:
     """The process-wide sampler for (backend, config); built on first use."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown sampler backend {backend!r}; known: {list(BACKENDS)}")
+    sampler = sampler_cached(backend=backend, config=config)
+    if sampler is not None:
+        return sampler
     key = (backend, _freeze(config))
     with _cache_lock:
-        sampler = _cache.get(key)
-        if sampler is not None:
-            _cache.move_to_end(key)
-            return sampler
         key_lock = _key_locks.setdefault(key, threading.Lock())
     # Build outside the global lock (a model load takes seconds) but once per key: a second
     # caller for the same key waits here and then finds it cached.
