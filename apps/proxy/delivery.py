@@ -82,6 +82,7 @@ class CallDelivery:
         byte is sent); idempotent, as close() may be called more than once."""
         if self.state != STAGED:
             return
+        assert self.interaction_id is not None  # set with the state staged
         self.state = DELIVERED
         _settle(interaction_id=self.interaction_id, delivery=Delivery.DELIVERED, staged=self._staged)
 
@@ -107,11 +108,11 @@ class CallDelivery:
             await _record_unanswered(self.prepared, delivery=Delivery.CLIENT_DISCONNECTED, error="client disconnected")
 
 
-def _settle(**kwargs: Any) -> None:
+def _settle(*, interaction_id: str, delivery: str, error: str = "", staged: Interaction | None = None) -> None:
     """Settle the interaction; then, in the same phase, its answer being out, keep the
     process's cached callers and routes fresh (apps.proxy.lookups), so the next calls
     authenticate without a phase of their own."""
-    capture.interaction_settle(**kwargs)
+    capture.interaction_settle(interaction_id=interaction_id, delivery=delivery, error=error, staged=staged)
     lookups.lookups_confirm_ahead()
 
 
