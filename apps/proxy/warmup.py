@@ -38,9 +38,7 @@ def proxy_warm(*, urlconf: str) -> list[str]:
         logger.warning("proxy warm-up: the URLconf did not load: %s", exc)
     families: list[str] = []
     try:
-        families = sorted(
-            set(ModelRoute.objects.filter(inference_enabled=True).values_list("family", flat=True).distinct())
-        )
+        families = sorted(set(ModelRoute.objects.filter(inference_enabled=True).values_list("family", flat=True)))
     except Exception as exc:  # noqa: BLE001 - a database that cannot answer now, however it fails
         logger.warning("proxy warm-up: the routes could not be read (%s); adapters load on first use", exc)
     finally:
