@@ -17,12 +17,16 @@ and read whole once stale. Expiry is checked on every use, from the cached row.
 
 A process serving calls keeps its callers' entries from going stale at all: the phase that
 settles each call, once its answer is out, also confirms ahead (`lookups_confirm_ahead`) the
-entries used since their last confirmation that are past half the interval, and re-reads
-the route table past half of it, at most once per half interval and never waiting for
-another thread's confirmation. A caller in steady use is then always found fresh, and its
-calls authenticate and resolve with no database phase of their own (at 200 sessions every
-call otherwise found its entry stale: a session calls every second or so). The bound is
-unchanged: an entry is still served only while its last confirmation is within the interval.
+entries in use (served within CALLER_ACTIVE_SECONDS) that are past half the interval, and
+re-reads the route table past half of it, at most once per half interval and never waiting
+for another thread's confirmation. A caller in use is then always found fresh, and its calls
+authenticate and resolve with no database phase of their own. "In use" is a window, not
+"served since the last confirmation": an agent calls its model every second or few (a slow
+sampler, a long tool run), far less often than the interval, and confirming only the entries
+served since their last confirmation left every such call to find its entry stale. The bound
+is unchanged: an entry is still served only while its last confirmation is within the
+interval, judged at the moment the call asked (a confirmation that began after the call
+arrived is valid for it, however long the query and the thread hop behind it took).
 
 Failures are not cached: an unknown or revoked secret reads the database every time, which
 is also where its exact refusal comes from (apps.proxy.credentials).
@@ -57,19 +61,23 @@ logger = logging.getLogger(__name__)
 # memory and on how long a cached row's other fields may lag, not on revocation).
 CALLER_ENTRIES = 8192
 CALLER_TTL_SECONDS = 300.0
+# An entry served within this long is kept confirmed ahead: one query by primary key per half
+# interval per process covers every caller in use, however seldom each one calls.
+CALLER_ACTIVE_SECONDS = 60.0
 # Credentials confirmed per query (SQLite bounds a statement's parameters).
 CONFIRM_BATCH = 500
 
 
-def _fresh(valid_as_of: float) -> bool:
-    return time.monotonic() - valid_as_of <= settings.SYNTH_PROXY_LOOKUP_CHECK_SECONDS
+def _fresh(valid_as_of: float, *, now: float | None = None) -> bool:
+    at = time.monotonic() if now is None else now
+    return at - valid_as_of <= settings.SYNTH_PROXY_LOOKUP_CHECK_SECONDS
 
 
 @dataclass
 class _Entry:
     caller: Caller
     valid_as_of: float
-    used: bool = False  # served since it was last read or confirmed: worth confirming ahead
+    used_at: float  # when it was last read or served (monotonic): in use, worth confirming ahead
 
 
 class CallerCache:
@@ -81,34 +89,40 @@ class CallerCache:
         self._entries: TTLCache[str, _Entry] = TTLCache(maxsize=CALLER_ENTRIES, ttl=CALLER_TTL_SECONDS)
         self._ahead_at = -math.inf  # when the last confirmation ahead began (monotonic)
 
-    def cached(self, *, secret: str | None) -> Caller | None:
-        """The caller for `secret` if it is cached, fresh and not expired; else None."""
+    def cached(self, *, secret: str | None, asked_at: float | None = None) -> Caller | None:
+        """The caller for `secret` if it is cached, fresh (at `asked_at`, by default now) and
+        not expired; else None."""
         if not secret:
             return None
         key = token_hash(secret)
+        now = time.monotonic()
         with self._lock:  # held for a dictionary read only: never across a query
             entry = self._entries.get(key)
-        if entry is None or not _fresh(entry.valid_as_of):
+        if entry is None or not _fresh(entry.valid_as_of, now=now if asked_at is None else asked_at):
             return None
         cred = entry.caller.credential
         if cred is not None and cred.expires_at <= timezone.now():
             return None
-        entry.used = True
+        entry.used_at = now
         return entry.caller
 
     def load(self, *, secret: str | None) -> Caller:
         """The caller for `secret` (or 401/403), confirming stale entries first. Reads the
         database: call it in a database phase."""
+        asked_at = time.monotonic()
         if secret:
             self._confirm_stale()
-            caller = self.cached(secret=secret)
+            # Fresh as of when the call asked: a confirmation that began after that is as good
+            # as a read of its own, even if the query (or the wait for another thread's) ran
+            # past the interval on a loaded machine.
+            caller = self.cached(secret=secret, asked_at=asked_at)
             if caller is not None:
                 return caller
         started = time.monotonic()
         caller = caller_authenticate(secret=secret)
         assert secret  # caller_authenticate refused an empty one
         with self._lock:
-            self._entries[token_hash(secret)] = _Entry(caller=caller, valid_as_of=started)
+            self._entries[token_hash(secret)] = _Entry(caller=caller, valid_as_of=started, used_at=started)
         return caller
 
     def _confirm_stale(self) -> None:
@@ -119,12 +133,12 @@ class CallerCache:
         if not self._any_stale():
             return
         with self._confirming:
-            self._confirm_locked(older_than=settings.SYNTH_PROXY_LOOKUP_CHECK_SECONDS, used_only=False)
+            self._confirm_locked(older_than=settings.SYNTH_PROXY_LOOKUP_CHECK_SECONDS, in_use_only=False)
 
     def confirm_ahead(self) -> None:
-        """Confirm the entries served since their last confirmation that are past half the
-        check interval, before they go stale; at most once per half interval, and not at all
-        while another thread confirms. Reads the database: call it in a database phase."""
+        """Confirm the entries in use (served within CALLER_ACTIVE_SECONDS) that are past half
+        the check interval, before they go stale; at most once per half interval, and not at
+        all while another thread confirms. Reads the database: call it in a database phase."""
         half = settings.SYNTH_PROXY_LOOKUP_CHECK_SECONDS / 2
         now = time.monotonic()
         if half <= 0 or now - self._ahead_at < half:
@@ -132,7 +146,7 @@ class CallerCache:
         if not self._confirming.acquire(blocking=False):
             return
         try:
-            if self._confirm_locked(older_than=half, used_only=True):
+            if self._confirm_locked(older_than=half, in_use_only=True):
                 self._ahead_at = now
         finally:
             self._confirming.release()
@@ -141,16 +155,16 @@ class CallerCache:
         with self._lock:
             return any(not _fresh(e.valid_as_of) for e in self._entries.values())
 
-    def _confirm_locked(self, *, older_than: float, used_only: bool) -> bool:
+    def _confirm_locked(self, *, older_than: float, in_use_only: bool) -> bool:
         """Confirm the entries read or confirmed more than `older_than` seconds ago (only
-        those served since, if `used_only`); False if there were none to query. An
-        operator's entry is not confirmed: dropped once stale, kept until then."""
+        those in use, if `in_use_only`); False if there were none to query. An operator's
+        entry is not confirmed: dropped once stale, kept until then."""
         now = time.monotonic()
         with self._lock:
             due = [
                 (key, e)
                 for key, e in self._entries.items()
-                if now - e.valid_as_of > older_than and (e.used or not used_only)
+                if now - e.valid_as_of > older_than and (not in_use_only or now - e.used_at <= CALLER_ACTIVE_SECONDS)
             ]
             for key, entry in due:
                 if entry.caller.credential is None and not _fresh(entry.valid_as_of):
@@ -175,7 +189,6 @@ class CallerCache:
                 # A changed expiry is read again in full (the cached row is not patched).
                 if cred is not None and cred.id in live and live[cred.id] == cred.expires_at:
                     entry.valid_as_of = max(entry.valid_as_of, started)
-                    entry.used = False
                 else:
                     del self._entries[key]
         return True

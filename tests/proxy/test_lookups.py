@@ -28,6 +28,7 @@ from django.utils import timezone
 from apps.accounts.models import ModelCredential
 from apps.accounts.services import model_credential_revoke
 from apps.proxy import lookups
+from apps.proxy.errors import AuthenticationFailed
 from apps.proxy.models import ModelRoute
 from tests.conftest import make_member
 from tests.proxy.conftest import TOKENIZER_DIR, assert_error, call, issue, make_route
@@ -358,7 +359,9 @@ def test_callers_in_use_and_the_routes_are_confirmed_ahead_and_never_go_stale(ca
     member = make_member("team", "alice")
     make_route("qwen3-attempt")
     used, idle, revoked = (issue(member.org, "qwen3-attempt", trial=f"trl_{n}") for n in range(3))
-    for secret in (used, idle, revoked):
+    lookups.caller_load(secret=idle)
+    clock.now += lookups.CALLER_ACTIVE_SECONDS + 1  # idle since: out of the window of callers in use
+    for secret in (used, revoked):
         lookups.caller_load(secret=secret)
     lookups.routes_load()
 
@@ -369,8 +372,8 @@ def test_callers_in_use_and_the_routes_are_confirmed_ahead_and_never_go_stale(ca
         lookups.lookups_confirm_ahead()
     assert len(queries) == 0
 
-    # Past half of it: the entries served since their read are confirmed (one query), the
-    # revoked one dropped, the idle one left to go stale; the route table is read again.
+    # Past half of it: the entries in use are confirmed (one query), the revoked one dropped,
+    # the idle one left stale; the route table is read again.
     clock.now += CHECK_SECONDS * 0.2
     assert lookups.caller_cached(secret=revoked) is not None
     model_credential_revoke(cred=lookups.caller_cached(secret=revoked).credential)
@@ -406,3 +409,60 @@ def test_a_settled_call_confirms_its_caller_ahead(cached, monkeypatch, stream):
         assert call("/v1/messages", secret=secret, body=body(stream=stream)).status == 200
         clock.now += CHECK_SECONDS * 0.6  # each call more than half the interval after the last
         assert lookups.caller_cached(secret=secret) is not None
+
+
+@pytest.mark.django_db
+def test_a_caller_calling_less_often_than_the_interval_stays_confirmed(cached, monkeypatch):
+    """An agent calls its model every few seconds, not every half interval: its entry is
+    still confirmed ahead while other calls settle, and each of its calls is served from the
+    cache with no query of its own."""
+    clock = Clock()
+    monkeypatch.setattr(lookups, "time", clock)
+    monkeypatch.setattr("synth_common.fresh_cache.time", clock)
+    member = make_member("team", "alice")
+    make_route("qwen3-attempt")
+    seldom = issue(member.org, "qwen3-attempt", trial="trl_seldom")
+    lookups.caller_load(secret=seldom)
+    for _ in range(6):  # another session's calls settle every 0.6 interval; this one called once
+        clock.now += CHECK_SECONDS * 0.6
+        lookups.lookups_confirm_ahead()
+    with CaptureQueriesContext(connection) as queries:
+        assert lookups.caller_cached(secret=seldom) is not None
+    assert len(queries) == 0
+
+
+class SlowConfirm:
+    """Moves the lookups' clock past the interval while a credential confirmation runs: the
+    query and the thread hop behind it on a loaded machine."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.credential_queries = 0
+
+    def __call__(self, execute, sql, params, many, context):
+        if ModelCredential._meta.db_table in sql:
+            self.credential_queries += 1
+            self.clock.now += CHECK_SECONDS * 2
+        return execute(sql, params, many, context)
+
+
+@pytest.mark.django_db
+def test_a_confirmation_that_began_after_the_call_serves_it_however_long_it_took(cached, monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(lookups, "time", clock)
+    member = make_member("team", "alice")
+    make_route("qwen3-attempt")
+    secret = issue(member.org, "qwen3-attempt")
+    lookups.caller_load(secret=secret)
+    clock.now += CHECK_SECONDS * 1.5  # stale: the next call confirms it
+    slow = SlowConfirm(clock)
+    with connection.execute_wrapper(slow):
+        caller = lookups.caller_load(secret=secret)
+    # One confirming query, no full authentication (which would read the credential again).
+    assert caller.credential is not None and slow.credential_queries == 1
+
+    # A revocation is still refused: the confirmation reads it and drops the entry.
+    clock.now += CHECK_SECONDS * 1.5
+    model_credential_revoke(cred=caller.credential)
+    with connection.execute_wrapper(slow), pytest.raises(AuthenticationFailed, match="revoked"):
+        lookups.caller_load(secret=secret)
