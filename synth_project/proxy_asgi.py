@@ -24,6 +24,7 @@ synth_project.asgi:application stays the whole application, for other uses.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synth_project.settings")
 os.environ.setdefault("SYNTH_PROXY_PROCESS", "true")
 django.setup(set_prefix=False)
 
+from django.conf import settings  # noqa: E402
 from django.core import signals  # noqa: E402
 from django.core.exceptions import ImproperlyConfigured, RequestAborted  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
@@ -220,6 +222,21 @@ async def _not_found(scope: dict[str, Any], send: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _gc_settle() -> None:
+    """Once warm, before the first call: freeze what start-up loaded (Django, the adapters,
+    the tokenizers: over 100,000 objects that live as long as the process) out of the garbage
+    collector's scans, and collect the young generation less often
+    (SYNTH_PROXY_GC_YOUNG_THRESHOLD). Measured at 200 sessions: the collector's share fell
+    from about 1 ms of CPU per call (several young collections per call, and full ones that
+    walked every start-up object) to well under 0.1 ms. Cycles are still collected."""
+    gc.collect()
+    gc.freeze()
+    young = settings.SYNTH_PROXY_GC_YOUNG_THRESHOLD
+    if young:
+        _, middle, old = gc.get_threshold()
+        gc.set_threshold(young, middle, old)
+
+
 async def _lifespan(receive: Any, send: Any) -> None:
     while True:
         message = await receive()
@@ -228,6 +245,7 @@ async def _lifespan(receive: Any, send: Any) -> None:
             # loop, which has nothing else to run yet but the server's own start.
             families = await asyncio.to_thread(proxy_warm, urlconf=PROXY_URLCONF)
             logging.getLogger(__name__).info("proxy warmed: adapters %s", ", ".join(families) or "none")
+            _gc_settle()
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
             await send({"type": "lifespan.shutdown.complete"})

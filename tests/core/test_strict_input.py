@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from apps.core.inputs import InputProblem, json_loads_strict
 from apps.runs.leases import lease_claim
 from apps.runs.services import run_schedule
 from tests.factories import make_dataset_version
@@ -156,3 +157,42 @@ def test_nesting_is_bounded(alice, inputs):
     body = {**inputs["body"], "plan": {"task_names": deep}}
     message = refused(post_raw(alice.client, "/api/runs", json.dumps(body)), "plan.task_names" + "[0]" * 62)
     assert "nested deeper than 64 levels" in message
+
+
+# THE PARSER
+# ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"seed": 18446744073709551617, "n": [-9223372036854775809, 123456789012345678]}',
+        '{"a": 1, "a": 2.5, "b": [1e-400, -0.0, 5e-324, 1.7976931348623157e308]}',
+        '{"text": "\\uD83D\\uDE00 caf\\u00e9 \\/ \\u007f", "ok": [true, false, null]}',
+        "[1e19, -1e300, 18446744073709551615]",
+        "-12345678901234567890123",
+    ],
+)
+def test_the_parser_reads_what_json_reads(text):
+    # The fast path (orjson) must hand over the same value json gives: integers beyond 64
+    # bits stay exact integers, the last duplicate key wins, floats round alike.
+    value = json_loads_strict(text)
+    assert value == json.loads(text) and repr(value) == repr(json.loads(text))
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "fragment"),
+    [
+        ('{"a": ["\\udc00"]}', ("a", 0), "lone surrogate"),
+        ('{"a": "\\u0000"}', ("a",), "NUL"),
+        ('{"a": 1e400}', None, "out of range"),
+        ('{"a": NaN}', None, "NaN is not valid JSON"),
+        ('{"a": 1,}', None, "not valid JSON"),
+        ('"\\u0000"', (), "NUL"),
+        ("[" * 70 + "]" * 70, (0,) * 64, "nested deeper than 64 levels"),
+    ],
+)
+def test_the_parser_refuses_with_json_s_words_and_paths(text, path, fragment):
+    with pytest.raises(InputProblem) as refused_input:
+        json_loads_strict(text)
+    assert refused_input.value.path == path and fragment in refused_input.value.message

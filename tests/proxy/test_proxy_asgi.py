@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import shutil
 import time
@@ -130,11 +131,24 @@ def test_a_root_path_is_taken_off_as_django_does() -> None:
     assert status == 404 and body["error"]["message"] == "GET /v1/nope does not exist"  # /v1's own 404
 
 
-def test_websockets_are_refused_and_lifespan_is_answered() -> None:
+@pytest.fixture
+def gc_restored():
+    """The lifespan tunes the process's garbage collector: this test process's is put back."""
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+
+
+def test_websockets_are_refused_and_lifespan_is_answered(gc_restored, settings) -> None:
     sent = asyncio.run(_call("/v1/messages", kind="websocket"))
     assert sent == [{"type": "websocket.close", "code": 1008}]
 
+    settings.SYNTH_PROXY_GC_YOUNG_THRESHOLD = 12_345
+    gc.unfreeze()
     assert asyncio.run(_lifespan()) == [{"type": "lifespan.startup.complete"}, {"type": "lifespan.shutdown.complete"}]
+    # Warm, the process froze what start-up loaded and collects young objects less often.
+    assert gc.get_freeze_count() > 0 and gc.get_threshold()[0] == 12_345
 
 
 async def _lifespan() -> list[dict[str, Any]]:
