@@ -140,6 +140,10 @@ def test_codex_runs_a_task_through_the_proxy(stack, alice, tmp_path, proxy_socke
         stack=stack,
     )
 
+    # Read again: the rows fetched above may predate their publication (a run can finish
+    # before the evidence worker has published its last call), and so lack its reference.
+    for c in calls:
+        c.refresh_from_db()
     # The exact tokens: each captured request re-renders to its captured prompt ids, and the
     # second call's prompt begins with the first call's prompt and sampled ids (Codex sent the
     # tool call back as it was parsed, and it renders to the same tokens).
