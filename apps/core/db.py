@@ -28,11 +28,18 @@ logger = logging.getLogger(__name__)
 TRANSIENT_DB_ERRORS = (OperationalError, InterfaceError)
 
 
-def db_fresh() -> None:
+def db_fresh(*, check: bool = True) -> None:
     """Drop this thread's connection if an error broke it or it is past its age, so the
-    next query opens a live one. A no-op inside a transaction (the caller's to handle)."""
+    next query opens a live one. A no-op inside a transaction (the caller's to handle).
+
+    A kept connection is then pinged (Django's health check, a round trip) before its next
+    query. ``check=False`` leaves the ping out, for a caller that repeats the phase on a new
+    connection when the kept one turns out dead (db_retry): a trial's phases made seven
+    pings, two of them between a freed slot and the next trial's start."""
     if not connection.in_atomic_block:
         close_old_connections()
+        if not check and connection.connection is not None:
+            connection.health_check_done = True  # type: ignore[attr-defined]  # set by Django, absent from its stubs
 
 
 def _log_retry(what: str) -> Callable[[RetryCallState], None]:
@@ -70,7 +77,10 @@ def db_retry[T](
     try:
         for attempt in retrying:
             with attempt:
-                db_fresh()
+                # A first attempt goes ahead on the kept connection unpinged: if the server
+                # ended it, the phase's first statement fails before anything commits, and
+                # the repeat runs on a checked (or new) connection.
+                db_fresh(check=attempt.retry_state.attempt_number > 1)
                 if attempt.retry_state.attempt_number > 1 and committed is not None and committed():
                     logger.info("%s: the earlier attempt had committed", what)
                     return None

@@ -71,20 +71,37 @@ def _loaded(*, pk: int, run_id: str, seq: int, type: str, data: dict[str, Any], 
 _held: ContextVar[dict[str, list[tuple[str, dict[str, Any]]]] | None] = ContextVar("synth_runs_locked", default=None)
 
 
+def run_row_lock(*, run_id: str) -> None:
+    """Lock the run's row (FOR NO KEY UPDATE) until the transaction ends; a no-op when a
+    ``run_locked`` block of this thread holds it, or on SQLite (its writers are serialized
+    by the database lock)."""
+    if not connection.features.has_select_for_update or run_lock_held(run_id=run_id):
+        return
+    # Raw SQL: the ORM's compilation of the statement cost more than its round trip.
+    runs, _ = _tables()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM {runs} WHERE {connection.ops.quote_name(Run._meta.pk.column)} = %s FOR NO KEY UPDATE",
+            [run_id],
+        )
+
+
 @contextmanager
-def run_locked(*, run_id: str) -> Iterator[None]:
-    """For a caller that has locked the run's row in its current transaction (and keeps the
-    block inside that transaction): within the block, transitions of the run's records skip
-    their own lock of the row (``run_lock_held``) and the run's events are held, then
-    appended in one statement, in the order they were made, when the block ends without an
-    error. Nested for the same run, the outer block appends. Code inside must not catch the
-    error of a nested atomic block and go on: the events that block made would still be
-    appended with the others."""
+def run_locked(*, run_id: str, lock: bool = False) -> Iterator[None]:
+    """For a caller that has locked the run's row in its current transaction (or asks the
+    block to lock it: ``lock``) and keeps the block inside that transaction: within the
+    block, transitions of the run's records skip their own lock of the row
+    (``run_lock_held``) and the run's events are held, then appended in one statement, in
+    the order they were made, when the block ends without an error. Nested for the same run,
+    the outer block appends. Code inside must not catch the error of a nested atomic block
+    and go on: the events that block made would still be appended with the others."""
     _atomic_check("run_locked")
     held = _held.get() or {}
     if run_id in held:
         yield
         return
+    if lock:
+        run_row_lock(run_id=run_id)
     pending: list[tuple[str, dict[str, Any]]] = []
     token = _held.set({**held, run_id: pending})
     try:

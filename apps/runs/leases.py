@@ -165,11 +165,17 @@ def _locked_active_lease(
         if run_id is None:
             raise NotFound(f"lease {lease_id} not found")
     run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
+    return run, _active_lease_locked(lease_id=lease_id, fence=fence, worker=worker, run_id=run_id)
+
+
+def _active_lease_locked(*, lease_id: str, fence: int, worker: WorkerIdentity, run_id: str) -> Lease:
+    """Lock the lease and check that the caller holds it, active at ``fence``. Caller holds
+    the lock of the lease's run."""
     lease = Lease.objects.select_for_update(no_key=True).filter(pk=lease_id).first()
     if lease is None or lease.worker_id != worker.pk or lease.run_id != run_id:
         raise NotFound(f"lease {lease_id} not found")
     _lease_check(lease=lease, fence=fence)
-    return run, lease
+    return lease
 
 
 def _lease_check(*, lease: Lease, fence: int) -> None:
@@ -283,32 +289,43 @@ def trial_mark_running(
     trial_id: str,
     data: dict[str, Any],
     events: Sequence[tuple[str, dict[str, Any]]] = (),
+    trial: Trial | None = None,
 ) -> None:
     """The trial's attempt starts (admitted on its node) under the caller's lease; ``events``
     (the worker's own, e.g. its admission grant) are appended before the start, in the same
-    transaction: the slot the grant freed is not idle for their round trips."""
+    transaction: the slot the grant freed is not idle for their round trips. ``trial``: the
+    trial as the caller read it under this lease (its claim), not read again: the move
+    itself checks that it is still waiting to start.
+
+    In the caller's transaction without a savepoint (the grant's, which it belongs to: an
+    error here undoes the grant too)."""
     for etype, _ in events:
         if not etype.startswith(WORKER_EVENT_PREFIXES):
             raise ValidationFailed(f"event type {etype} is not a worker's", field="events")
-    with transaction.atomic():
-        run, _ = _locked_active_lease(lease_id=lease.id, fence=lease.fence, worker=worker, run_id=lease.run_id)
-        with run_locked(run_id=run.id):
-            events_append(run_id=run.id, events=list(events))
+    with transaction.atomic(savepoint=False), run_locked(run_id=lease.run_id, lock=True):
+        _active_lease_locked(lease_id=lease.id, fence=lease.fence, worker=worker, run_id=lease.run_id)
+        events_append(run_id=lease.run_id, events=list(events))
+        if trial is None:
             trial = Trial.objects.select_for_update(no_key=True).get(pk=trial_id)
-            if not trial_transition(
-                trial=trial,
-                to=TrialStatus.RUNNING,
-                source={TrialStatus.WAITING},
-                event="trial.started",
-                data=data,
-                values={"need": data.get("need", {})},
-            ):
-                raise StaleLease(f"trial {trial_id} is {trial.status}, not waiting to start")
+        if not trial_transition(
+            trial=trial,
+            to=TrialStatus.RUNNING,
+            source={TrialStatus.WAITING},
+            event="trial.started",
+            data=data,
+            values={"need": data.get("need", {})},
+        ):
+            status = Trial.objects.filter(pk=trial_id).values_list("status", flat=True).first()
+            raise StaleLease(f"trial {trial_id} is {status}, not waiting to start")
 
 
-def trial_complete(*, worker: WorkerIdentity, lease: Lease, trial_id: str, outcome: TrialOutcome) -> None:
+def trial_complete(
+    *, worker: WorkerIdentity, lease: Lease, trial_id: str, outcome: TrialOutcome, trial: Trial | None = None
+) -> None:
     """Record a trial's end under its lease; settle its group and the run when they end.
-    The lease's reservations are released in the same transaction."""
+    The lease's reservations are released in the same transaction. ``trial``: the trial as
+    the caller read it under this lease, with its task version (not read again: the move
+    itself only ends a trial that has not ended)."""
     from apps.trials.admission import reservations_release
 
     with transaction.atomic():
@@ -316,11 +333,12 @@ def trial_complete(*, worker: WorkerIdentity, lease: Lease, trial_id: str, outco
         with run_locked(run_id=run.id):
             lease_transition(lease=locked, to=LeaseStatus.COMPLETED, event="lease.completed")
             reservations_release(lease=locked, why="its trial ended")
-            trial = (
-                Trial.objects.select_for_update(no_key=True, of=("self",))
-                .select_related("task_version")
-                .get(pk=trial_id)
-            )
+            if trial is None:
+                trial = (
+                    Trial.objects.select_for_update(no_key=True, of=("self",))
+                    .select_related("task_version")
+                    .get(pk=trial_id)
+                )
             trial_settle(
                 run=run,
                 trial=trial,

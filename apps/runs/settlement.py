@@ -108,30 +108,29 @@ def groups_settle_ended(*, run: Run, group_ids: Iterable[str]) -> list[str]:
     """Settle those of the groups whose every trial has ended (with their summaries and
     ``group.settled`` events); announce each after commit. Caller holds the run lock."""
     ids = set(group_ids)
-    live = set(
-        Trial.objects.filter(group_id__in=ids, status__in=LIVE_TRIAL).values_list("group_id", flat=True).distinct()
-    )
+    # One read of the groups' trials answers both which groups ended and their summaries (a
+    # group has a handful of attempts; this runs under the run's lock at every trial's end).
+    by_group: dict[str, list[Trial]] = defaultdict(list)
+    live: set[str] = set()
+    for trial in Trial.objects.filter(group_id__in=ids).only("group_id", "status", "reward", "error_type"):
+        by_group[trial.group_id].append(trial)
+        if trial.status in LIVE_TRIAL:
+            live.add(trial.group_id)
     ended = ids - live
     if not ended:
         return []
-    by_group: dict[str, list[Trial]] = defaultdict(list)
-    for trial in Trial.objects.filter(group_id__in=ended).only("group_id", "reward", "error_type"):
-        by_group[trial.group_id].append(trial)
-    settled = groups_settle(
+    steps = groups_settle(
         run_id=run.id, summaries={gid: group_summarize(trials=by_group[gid]) for gid in ended if by_group[gid]}
     )
-    if settled:
-        steps = dict(SamplingGroup.objects.filter(pk__in=settled).values_list("pk", "step"))
+    if steps:
         run_id, kind = run.id, run.kind
         transaction.on_commit(
             lambda: [
-                signals.group_settled.send(
-                    sender=SamplingGroup, run_id=run_id, group_id=gid, step=steps[gid], kind=kind
-                )
-                for gid in settled
+                signals.group_settled.send(sender=SamplingGroup, run_id=run_id, group_id=gid, step=step, kind=kind)
+                for gid, step in steps.items()
             ]
         )
-    return settled
+    return list(steps)
 
 
 # --------------------------------------------------------------------------- runs

@@ -22,13 +22,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from django.db import connection, models, transaction
-from django.db.models import F, Value
+from django.db import models, transaction
+from django.db.models import Case, F, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from apps.core.transitions import TransitionTable
-from apps.runs.events import event_append, events_append, run_lock_held
+from apps.runs.events import event_append, events_append, run_row_lock
 from apps.runs.models import (
     TERMINAL_STATUSES,
     TRIAL_TERMINAL,
@@ -109,15 +109,7 @@ RESERVATION_TRANSITIONS = TransitionTable(
 
 
 def _run_lock(*, run_id: str) -> None:
-    if not connection.features.has_select_for_update or run_lock_held(run_id=run_id):
-        return  # SQLite's writers are serialized by the database lock; or the caller holds it
-    # Raw SQL: the ORM's compilation of the statement cost more than its round trip.
-    quote = connection.ops.quote_name
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT 1 FROM {quote(Run._meta.db_table)} WHERE {quote(Run._meta.pk.column)} = %s FOR NO KEY UPDATE",
-            [run_id],
-        )
+    run_row_lock(run_id=run_id)
 
 
 def _record(
@@ -286,26 +278,43 @@ def group_transition(
     )
 
 
-def groups_settle(*, run_id: str, summaries: Mapping[str, dict[str, Any]]) -> list[str]:
-    """Settle many groups of one run at once (their summaries given); returns the ids that
-    moved, each with its ``group.settled`` event."""
+def groups_settle(*, run_id: str, summaries: Mapping[str, dict[str, Any]]) -> dict[str, int]:
+    """Settle many groups of one run at once (their summaries given), each with its
+    ``group.settled`` event; returns the groups that moved, with their steps. In the
+    caller's transaction without a savepoint of its own, as ``_record``."""
     sources = GROUP_TRANSITIONS.sources_of(to=GroupStatus.SETTLED)
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         _run_lock(run_id=run_id)
-        moving = list(
+        moving = dict(
             SamplingGroup.objects.select_for_update(no_key=True)
             .filter(run_id=run_id, pk__in=list(summaries), status__in=sources)
             .order_by("pk")
-            .values_list("pk", flat=True)
+            .values_list("pk", "step")
         )
         if not moving:
-            return []
-        GROUP_TRANSITIONS.claim_many(pks=moving, to=GroupStatus.SETTLED, values={"settled_at": timezone.now()})
-        SamplingGroup.objects.bulk_update(
-            [SamplingGroup(pk=pk, summary=summaries[pk]) for pk in moving], ["summary"], batch_size=500
-        )
+            return {}
+        now = timezone.now()
+        summary = SamplingGroup._meta.get_field("summary")
+        for i in range(0, len(moving), _SETTLE_BATCH):
+            pks = list(moving)[i : i + _SETTLE_BATCH]
+            # The status, its time and each group's summary in one UPDATE (a CASE by key).
+            GROUP_TRANSITIONS.claim_many(
+                pks=pks,
+                to=GroupStatus.SETTLED,
+                values={
+                    "settled_at": now,
+                    "summary": Case(
+                        *(When(pk=pk, then=Value(summaries[pk], output_field=summary)) for pk in pks),
+                        output_field=summary,
+                    ),
+                },
+            )
         events_append(run_id=run_id, events=[("group.settled", {"group": pk, **summaries[pk]}) for pk in moving])
     return moving
+
+
+# Groups per UPDATE of groups_settle (its CASE has a branch for each).
+_SETTLE_BATCH = 500
 
 
 # --------------------------------------------------------------------------- reservation

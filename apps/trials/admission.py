@@ -39,6 +39,7 @@ from apps.accounts.models import WorkerIdentity
 from apps.accounts.services import worker_get_or_create
 from apps.core.errors import ServiceError
 from apps.core.process import process_alive, process_identity
+from apps.runs.events import run_locked
 from apps.runs.models import Lease, LeaseStatus, Reservation, ReservationStatus, Trial, WorkerNode
 from apps.runs.transitions import reservation_transition
 from synth_common.fresh_cache import FreshCache
@@ -210,9 +211,12 @@ def admission_try(
         current, run_id, usage = decision
         if current.status != ReservationStatus.WAITING:
             return current.status == ReservationStatus.HELD
-        granted = reservation_transition(reservation=current, to=ReservationStatus.HELD, run_id=run_id)
-        if granted and on_grant is not None:
-            on_grant(usage)
+        # The grant and the start made in on_grant lock the run's row once and append their
+        # events in one statement: every round trip here is a freed slot still idle.
+        with run_locked(run_id=run_id, lock=True):
+            granted = reservation_transition(reservation=current, to=ReservationStatus.HELD, run_id=run_id)
+            if granted and on_grant is not None:
+                on_grant(usage)
         return granted
 
 

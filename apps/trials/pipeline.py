@@ -252,6 +252,7 @@ def _admit_and_start(*, held: HeldTrial, need: Need) -> None:
             trial_id=trial.id,
             data={"task": trial.task_version.name, "attempt": trial.attempt, "node": node.name, "need": need.as_dict()},
             events=events,
+            trial=trial,
         )
 
     def admit() -> bool:
@@ -414,7 +415,9 @@ def _record(*, held: HeldTrial, outcome: TrialOutcome) -> None:
     acknowledgement was lost is recognised by the lease, completed at our fence."""
     lease = held.lease
     db_retry(
-        write=lambda: trial_complete(worker=held.worker, lease=lease, trial_id=held.trial.id, outcome=outcome),
+        write=lambda: trial_complete(
+            worker=held.worker, lease=lease, trial_id=held.trial.id, outcome=outcome, trial=held.trial
+        ),
         what=f"result of {held.trial.id}",
         committed=lambda: Lease.objects.filter(pk=lease.id, fence=lease.fence, status=LeaseStatus.COMPLETED).exists(),
     )

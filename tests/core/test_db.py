@@ -101,6 +101,41 @@ def test_inside_a_transaction_it_runs_once() -> None:
     assert len(calls) == 1
 
 
+@pytest.fixture
+def kept_connection(monkeypatch):
+    """This thread's connection kept between phases (SYNTH_DB_CONN_MAX_AGE 60, as the
+    workers deploy), with a count of Django's health-check pings on it (the real check runs)."""
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 60)
+    connection.close()
+    connection.ensure_connection()
+    pings = []
+    usable = connection.is_usable
+
+    def counted() -> bool:
+        pings.append(1)
+        return usable()
+
+    monkeypatch.setattr(connection, "is_usable", counted)
+    yield pings
+    connection.close()
+
+
+def test_a_phase_on_a_live_kept_connection_makes_no_health_check_round_trip(kept_connection) -> None:
+    backend = _backend()
+    for _ in range(3):
+        assert db_retry(write=lambda: Organization.objects.count(), what="test read", seconds=10) == 0
+    assert kept_connection == [] and _backend() == backend
+
+
+def test_a_phase_after_the_server_ended_the_kept_connection_runs_on_a_new_one(kept_connection) -> None:
+    backend = _backend()
+    _server_ends_this_connection()  # between two phases, as a restart does
+    org = db_retry(write=lambda: Organization.objects.create(slug="after-restart"), what="test write", seconds=10)
+    assert org is not None and org.slug == "after-restart"
+    assert Organization.objects.filter(slug="after-restart").count() == 1
+    assert _backend() != backend
+
+
 # --------------------------------------------------------------------------- db_side_run
 
 

@@ -246,3 +246,67 @@ def test_a_grant_runs_its_start_in_its_transaction_and_falls_with_it(trials, nod
     last = admission_request(node=node, trial=trials[3], need=HEAVY)  # memory is short now
     assert admission_try(reservation=last, on_grant=lambda usage: started.append((last.pk, usage))) is False
     assert len(started) == 1  # not granted: not started
+
+
+def _claimed(*, node, trial):
+    from apps.runs.leases import trial_claim_read
+    from apps.trials.admission import node_worker
+
+    worker = node_worker(node=node)
+    lease, claimed = trial_claim_read(worker=worker, trial_id=trial.id, node_name=node.name, related=("task_version",))
+    return worker, lease, claimed
+
+
+# Committed transactions, as the worker makes them (not inside a test's transaction).
+@pytest.mark.django_db(transaction=True)
+def test_a_grant_and_its_start_lock_the_run_once_and_append_their_events_in_one_statement(trials, node):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.runs.leases import trial_mark_running
+    from apps.runs.models import RunEvent, TrialStatus
+
+    worker, lease, trial = _claimed(node=node, trial=trials[0])
+    reservation = admission_request(node=node, trial=trial, need=LIGHT, lease=lease)
+
+    def start(usage) -> None:
+        granted = [("admission.granted", {"trial": trial.id, "usage": usage})]
+        trial_mark_running(
+            worker=worker, lease=lease, trial_id=trial.id, data={"need": LIGHT.as_dict()}, events=granted, trial=trial
+        )
+
+    with CaptureQueriesContext(connection) as grant:
+        assert admission_try(reservation=reservation, on_grant=start) is True
+    sql = [q["sql"] for q in grant.captured_queries]
+    # Each of these was a round trip of its own, under the run's lock, between a freed slot
+    # and the next trial's start: the run's row locked again, the trial read again, a
+    # savepoint and its release, the grant's event alone.
+    assert sum('FROM "runs_run"' in s and "FOR NO KEY UPDATE" in s for s in sql) == 1
+    assert sum('INSERT INTO "runs_runevent"' in s for s in sql) == 1
+    assert not any('FROM "runs_trial"' in s for s in sql)
+    assert not any(s.startswith("SAVEPOINT") for s in sql)
+    events = list(RunEvent.objects.filter(run_id=trial.run_id).order_by("-seq")[:3])[::-1]
+    assert [e.type for e in events] == ["reservation.held", "admission.granted", "trial.started"]
+    assert [e.seq for e in events] == [events[0].seq, events[0].seq + 1, events[0].seq + 2]
+    started = Trial.objects.get(pk=trial.id)
+    assert started.status == TrialStatus.RUNNING and started.started_at is not None
+
+
+# Committed transactions, as the worker makes them (not inside a test's transaction).
+@pytest.mark.django_db(transaction=True)
+def test_a_start_from_the_claims_reading_is_refused_when_the_trial_moved_meanwhile(trials, node):
+    from django.db import transaction
+
+    from apps.core.errors import StaleLease
+    from apps.runs.leases import trial_mark_running
+    from apps.runs.models import RunEvent, TrialStatus
+    from apps.runs.transitions import trial_transition
+
+    worker, lease, trial = _claimed(node=node, trial=trials[0])
+    with transaction.atomic():  # cancelled by someone else; the worker's reading still says waiting
+        assert trial_transition(trial=Trial.objects.get(pk=trial.id), to=TrialStatus.CANCELLED, event="trial.finished")
+    assert trial.status == TrialStatus.WAITING
+    with pytest.raises(StaleLease, match="is cancelled, not waiting"):
+        trial_mark_running(worker=worker, lease=lease, trial_id=trial.id, data={}, trial=trial)
+    assert Trial.objects.get(pk=trial.id).status == TrialStatus.CANCELLED
+    assert not RunEvent.objects.filter(run_id=trial.run_id, type="trial.started").exists()
