@@ -54,10 +54,12 @@ def lease_ttl() -> timedelta:
     return timedelta(seconds=settings.SYNTH_LEASE_TTL_SECONDS)
 
 
-def lease_create(*, run: Run, unit: str, worker: WorkerIdentity, now: datetime) -> Lease:
-    """A new active lease on the run's unit, at the unit's next fence. Caller holds the run
-    lock (the fence is read and used under it) and has ended the unit's previous lease."""
-    fence = (Lease.objects.filter(run=run, unit=unit).aggregate(m=Max("fence"))["m"] or 0) + 1
+def lease_create(*, run: Run, unit: str, worker: WorkerIdentity, now: datetime, fence: int | None = None) -> Lease:
+    """A new active lease on the run's unit, at the unit's next fence (``fence``, when the
+    caller has read the unit's latest lease under the run lock). Caller holds the run lock
+    (the fence is read and used under it) and has ended the unit's previous lease."""
+    if fence is None:
+        fence = (Lease.objects.filter(run=run, unit=unit).aggregate(m=Max("fence"))["m"] or 0) + 1
     return Lease.objects.create(
         run=run, unit=unit, worker=worker, fence=fence, heartbeat_at=now, expires_at=now + lease_ttl()
     )
@@ -102,39 +104,44 @@ def trial_claim_read(
     *, worker: WorkerIdentity, trial_id: str, node_name: str, related: Sequence[str] = ()
 ) -> tuple[Lease, Trial] | None:
     """``trial_claim``, and the claimed trial as it now is, with its ``related`` rows read
-    in the same statement (a worker's claim then needs no read of its own)."""
+    in the same statement (a worker's claim then needs no read of its own).
+
+    The trial and its related rows are read before the run's lock (every trial transition
+    of the run queues on that lock): none of what they hold changes while the trial waits to
+    be claimed but its status, tries and queue time, which are read again under the lock."""
     now = timezone.now()
+    trial = Trial.objects.select_related("group", "task_version", *related).filter(pk=trial_id).first()
+    if trial is None or trial.is_terminal:
+        return None
     with transaction.atomic():
-        run_id = Trial.objects.filter(pk=trial_id).values_list("run_id", flat=True).first()
-        if run_id is None:
-            return None
-        run = Run.objects.select_for_update(no_key=True, of=("self",)).select_related("spec").get(pk=run_id)
+        run = Run.objects.select_for_update(no_key=True, of=("self",)).select_related("spec").get(pk=trial.run_id)
         with run_locked(run_id=run.id):
-            trial = (
-                Trial.objects.select_for_update(no_key=True, of=("self",))
-                .select_related("group", "task_version", *related)
-                .get(pk=trial_id)
+            trial.status, trial.tries, trial.queued_at = (
+                Trial.objects.select_for_update(no_key=True)
+                .filter(pk=trial_id)
+                .values_list("status", "tries", "queued_at")
+                .get()
             )
             if trial.is_terminal:
                 return None
             unit = trial_unit(trial.id)
-            active = (
-                Lease.objects.select_for_update(no_key=True)
-                .filter(run=run, unit=unit, status=LeaseStatus.ACTIVE)
-                .first()
-            )
-            if active is not None:
-                if active.expires_at > now:
+            # The unit's latest lease: the only one that can be active (each is ended before the
+            # next is made), and the fence the next one follows.
+            latest = Lease.objects.select_for_update(no_key=True).filter(run=run, unit=unit).order_by("-fence").first()
+            if latest is not None and latest.status == LeaseStatus.ACTIVE:
+                if latest.expires_at > now:
                     return None  # a duplicate delivery: the holder is alive
                 # Its holder vanished and the reaper has not come by yet: do its job for this lease.
-                lease_lapse(run=run, lease=active, now=now)
+                lease_lapse(run=run, lease=latest, now=now)
                 trial.refresh_from_db(fields=["status", "tries", "queued_at"])
             if trial.status != TrialStatus.PENDING:
                 return None
             if run.cancel_requested_at is not None or run.is_terminal:
                 trial_cancel(run=run, trial=trial, why="the run was cancelled before this trial started")
                 return None
-            lease = lease_create(run=run, unit=unit, worker=worker, now=now)
+            lease = lease_create(
+                run=run, unit=unit, worker=worker, now=now, fence=(latest.fence if latest is not None else 0) + 1
+            )
             trial_transition(
                 trial=trial,
                 to=TrialStatus.WAITING,

@@ -88,3 +88,44 @@ def test_a_claim_reads_the_trial_as_claimed_with_what_it_asks_for(run, django_as
         lease.unit == f"trial:{trial.id}"
         and trial_claim_read(worker=worker_get_or_create(name="w2"), trial_id=trial.id, node_name="n") is None
     )  # held
+
+
+def test_a_claim_reads_what_the_attempt_needs_before_the_runs_lock_and_the_rest_under_it(run):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.runs.leases import trial_claim_read
+
+    trial = run.trials.order_by("id").first()
+    with CaptureQueriesContext(connection) as claim:
+        claimed = trial_claim_read(
+            worker=worker_get_or_create(name="w1"), trial_id=trial.id, node_name="n", related=("run__spec",)
+        )
+    assert claimed is not None and claimed[1].status == "waiting" and claimed[0].fence == 1
+    sql = [q["sql"] for q in claim.captured_queries]
+    locked = next(i for i, s in enumerate(sql) if 'FROM "runs_run"' in s and "FOR NO KEY UPDATE" in s)
+    # Every trial transition of the run waits for that lock: the joined read of the trial
+    # with its related rows comes before it; under it, the trial's status and the unit's
+    # latest lease (the active one, if any, and the next fence) are one light read each.
+    assert any(s.startswith("SELECT") and 'FROM "runs_trial"' in s and "JOIN" in s for s in sql[:locked])
+    assert not any(s.startswith("SELECT") and 'FROM "runs_trial"' in s and "JOIN" in s for s in sql[locked:])
+    assert sum(s.startswith("SELECT") and 'FROM "runs_lease"' in s for s in sql[locked:]) == 1
+
+
+def test_a_claim_of_an_ended_trial_takes_no_lock(run):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.runs.leases import trial_claim_read, trial_mark_running
+    from apps.runs.models import Trial
+
+    w1 = worker_get_or_create(name="w1")
+    trial = run.trials.order_by("id").first()
+    lease = trial_claim(worker=w1, trial_id=trial.id, node_name="n")
+    trial_mark_running(worker=w1, lease=lease, trial_id=trial.id, data={})
+    trial_complete(worker=w1, lease=lease, trial_id=trial.id, outcome=TrialOutcome(status="succeeded"))
+    assert Trial.objects.get(pk=trial.id).status == "succeeded"
+    with CaptureQueriesContext(connection) as repeat:  # a message delivered again after the trial ended
+        assert trial_claim_read(worker=w1, trial_id=trial.id, node_name="n") is None
+    assert not any("FOR NO KEY UPDATE" in q["sql"] for q in repeat.captured_queries)
+    assert len(repeat.captured_queries) == 1
