@@ -4,7 +4,7 @@ one JSON object {"sequential_s", "pipelined_s", "ratio", "max_abs_kl", "stalenes
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/synth_bench .venv/bin/python bench/training_pipeline.py \\
         [--groups 8] [--group-size 2] [--prompt-tokens 1500] [--max-tokens 4] [--slow-seconds 0 (calibrated)]
-        [--pairs 3] [--no-pin]
+        [--pairs 5] [--no-pin]
 
 Each mode is its own train run (same tasks, same seeds, so the same tokens and rewards) in
 its own organization. Attempts run on ``--workers`` threads as trials workers would: each
@@ -361,7 +361,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=1500)
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument(
-        "--pairs", type=int, default=3, help="lockstep and pipelined batches measured, in alternated order"
+        "--pairs", type=int, default=5, help="lockstep and pipelined batches measured, in alternated order"
     )
     parser.add_argument("--workers", type=int, default=8, help="attempts running at once (trials worker slots)")
     parser.add_argument(
