@@ -29,7 +29,17 @@ from apps.accounts.models import WorkerIdentity
 from apps.core.errors import Conflict, NotFound, StaleLease, ValidationFailed
 from apps.runs.dispatch import trials_enqueue
 from apps.runs.events import event_append, events_append, run_locked
-from apps.runs.models import GroupStatus, Lease, LeaseStatus, LeaseWrite, Run, RunStatus, Trial, TrialStatus
+from apps.runs.models import (
+    TRIAL_TERMINAL,
+    GroupStatus,
+    Lease,
+    LeaseStatus,
+    LeaseWrite,
+    Run,
+    RunStatus,
+    Trial,
+    TrialStatus,
+)
 from apps.runs.settlement import TrialOutcome, trial_cancel, trial_settle
 from apps.runs.transitions import group_transition, lease_transition, run_transition, trial_transition
 
@@ -346,7 +356,7 @@ def trial_complete(
                     .select_related("task_version")
                     .get(pk=trial_id)
                 )
-            trial_settle(
+            if not trial_settle(
                 run=run,
                 trial=trial,
                 status=outcome.status,
@@ -354,7 +364,14 @@ def trial_complete(
                 error_type=outcome.error_type,
                 error_message=outcome.error_message,
                 timings=outcome.timings,
-            )
+            ):
+                # Not moved: it ended already (a cancel), and then the lease ends with it; or
+                # the outcome is not one it can have from where it is (a trial never started
+                # cannot succeed), and then nothing changes: the lease ended alone would
+                # leave the trial live with no holder, which nothing hands out again.
+                status = Trial.objects.filter(pk=trial_id).values_list("status", flat=True).get()
+                if status not in TRIAL_TERMINAL:
+                    raise Conflict(f"trial {trial_id} is {status}: it cannot end as {outcome.status}")
     # The next trials are handed over once the end has committed (at once, or when a caller's
     # transaction does): its release and the NOTIFY that wakes a waiting trial are not held
     # back by the hand-over's work under the run's lock.

@@ -129,3 +129,23 @@ def test_a_claim_of_an_ended_trial_takes_no_lock(run):
         assert trial_claim_read(worker=w1, trial_id=trial.id, node_name="n") is None
     assert not any("FOR NO KEY UPDATE" in q["sql"] for q in repeat.captured_queries)
     assert len(repeat.captured_queries) == 1
+
+
+def test_an_end_a_trial_cannot_have_is_refused_and_changes_nothing(run):
+    from apps.core.errors import Conflict
+    from apps.runs.models import Trial
+
+    w1 = worker_get_or_create(name="w1")
+    trial = run.trials.order_by("id").first()
+    lease = trial_claim(worker=w1, trial_id=trial.id, node_name="n")  # waiting: never started
+    events = RunEvent.objects.filter(run=run).count()
+    with pytest.raises(Conflict, match="is waiting: it cannot end as succeeded"):
+        trial_complete(worker=w1, lease=lease, trial_id=trial.id, outcome=TrialOutcome(status="succeeded"))
+    # Its lease still holds it (ended alone, it would leave a live trial nobody hands out).
+    assert Lease.objects.get(pk=lease.pk).status == "active"
+    assert Trial.objects.get(pk=trial.id).status == "waiting"
+    assert RunEvent.objects.filter(run=run).count() == events
+    # An end it can have from there is recorded.
+    trial_complete(worker=w1, lease=lease, trial_id=trial.id, outcome=TrialOutcome(status="failed"))
+    assert Trial.objects.get(pk=trial.id).status == "failed"
+    assert Lease.objects.get(pk=lease.pk).status == "completed"
