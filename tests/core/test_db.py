@@ -136,6 +136,24 @@ def test_a_phase_after_the_server_ended_the_kept_connection_runs_on_a_new_one(ke
     assert _backend() != backend
 
 
+def test_a_transaction_after_the_server_ended_the_kept_connection_commits_once_on_a_new_one(kept_connection) -> None:
+    _server_ends_this_connection()
+    calls = []
+
+    def write() -> Organization:
+        calls.append(1)
+        with transaction.atomic():  # a phase of several statements, as a trial's claim
+            org = Organization.objects.create(slug="in-a-transaction")
+            Organization.objects.filter(pk=org.pk).update(slug="in-a-transaction-2")
+        return org
+
+    assert db_retry(write=write, what="test write", seconds=10) is not None
+    assert len(calls) == 2  # the first attempt failed before anything committed
+    assert list(Organization.objects.filter(slug__startswith="in-a-transaction").values_list("slug", flat=True)) == [
+        "in-a-transaction-2"
+    ]
+
+
 # --------------------------------------------------------------------------- db_side_run
 
 
