@@ -108,10 +108,6 @@ RESERVATION_TRANSITIONS = TransitionTable(
 )
 
 
-def _run_lock(*, run_id: str) -> None:
-    run_row_lock(run_id=run_id)
-
-
 def _record(
     *,
     table: TransitionTable,
@@ -128,7 +124,7 @@ def _record(
     # run's lock, several times a trial): an error here fails that transaction, whose writes
     # before this move could not stand without it anyway.
     with transaction.atomic(savepoint=False):
-        _run_lock(run_id=run_id)
+        run_row_lock(run_id=run_id)
         if not table.claim(pk=obj.pk, to=to, source=source, values=values, where=where, instance=obj):
             return False
         event_append(run_id=run_id, type=event, data=data)
@@ -238,7 +234,7 @@ def trials_transition(
     (``data(trial_id)`` each). Returns the ids that moved."""
     sources = TRIAL_TRANSITIONS.sources_of(to=to, source=source)
     with transaction.atomic():
-        _run_lock(run_id=run_id)
+        run_row_lock(run_id=run_id)
         moving = list(
             Trial.objects.select_for_update(no_key=True)
             .filter(run_id=run_id, pk__in=list(trial_ids), status__in=sources)
@@ -284,7 +280,7 @@ def groups_settle(*, run_id: str, summaries: Mapping[str, dict[str, Any]]) -> di
     caller's transaction without a savepoint of its own, as ``_record``."""
     sources = GROUP_TRANSITIONS.sources_of(to=GroupStatus.SETTLED)
     with transaction.atomic(savepoint=False):
-        _run_lock(run_id=run_id)
+        run_row_lock(run_id=run_id)
         moving = dict(
             SamplingGroup.objects.select_for_update(no_key=True)
             .filter(run_id=run_id, pk__in=list(summaries), status__in=sources)
