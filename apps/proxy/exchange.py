@@ -103,10 +103,11 @@ def body_read(request: HttpRequest) -> bytes:
     return body
 
 
-# A body up to this size is decoded on the event loop: the thread hop to the worker pool
-# costs about as much interpreter time as decoding it (tens of microseconds), and the GIL
-# lets the pool run no decode beside the loop anyway. Larger ones (Claude Code's with its
-# tools: 100 KB and more) go to the pool, so one body cannot hold up every stream.
+# A body up to this size is decoded and its prompt rendered on the event loop: the thread
+# hop to the worker pool costs about as much interpreter time as decoding it (tens of
+# microseconds), and the GIL lets the pool run no decode beside the loop anyway. Larger ones
+# (Claude Code's with its tools: 100 KB and more) go to the pool, so one body cannot hold up
+# every stream.
 INLINE_BODY_BYTES = 32 * 1024
 
 
@@ -189,7 +190,7 @@ async def model_call(request: HttpRequest, *, protocol: Protocol) -> HttpRespons
         if session := protocol.session_key(body):
             ctx = dataclasses.replace(ctx, session_id=session[:SESSION_KEY_MAX])
         ticket = pool.generation_reserve(caller=caller.key, route=ctx.route.name)
-        prepared = await calls.message_prepare(ctx=ctx, request=body)
+        prepared = await calls.message_prepare(ctx=ctx, request=body, small=len(request.body) <= INLINE_BODY_BYTES)
     except BaseException as exc:  # noqa: BLE001 - every failure answers in the protocol's shape
         if ticket is not None:
             ticket.release()

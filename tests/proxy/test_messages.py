@@ -322,3 +322,34 @@ def test_sampler_failure_after_200_is_an_error_event(alice, monkeypatch):
     assert r.status == 200
     last_event, last = r.events()[-1]
     assert last_event == "error" and last["error"]["type"] == "overloaded_error"
+
+
+def test_a_small_body_is_rendered_on_the_event_loop_and_a_large_one_in_the_pool(alice, qwen3_tokenizer, monkeypatch):
+    import threading
+
+    from apps.proxy.exchange import INLINE_BODY_BYTES
+
+    make_route(backend="scripted", config=scripted(qwen3_tokenizer, "ok<|im_end|>", "ok<|im_end|>"))
+    rendered_on: list[tuple[bool, str]] = []  # (on an event loop's thread, the thread's name)
+    prepare = calls._prepare_sync
+
+    def spied(**kwargs):
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        rendered_on.append((on_loop, threading.current_thread().name))
+        return prepare(**kwargs)
+
+    monkeypatch.setattr(calls, "_prepare_sync", spied)
+    small = {"model": "qwen3-test", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]}
+    large = {**small, "messages": [{"role": "user", "content": "word " * (INLINE_BODY_BYTES // 4)}]}
+    assert len(json.dumps(large)) > INLINE_BODY_BYTES >= len(json.dumps(small))
+    for body in (small, large):
+        r = call("/v1/messages", secret=alice.secret, body=body)
+        assert r.status == 200 and r.json()["content"] == [{"type": "text", "text": "ok"}], r.body
+    # The small one where its body was decoded (no thread hop); the large one off the loop,
+    # so that one long conversation cannot hold up every stream.
+    assert rendered_on[0][0] is True
+    assert rendered_on[1][0] is False and rendered_on[1][1].startswith("proxy-cpu")
