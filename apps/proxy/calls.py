@@ -358,9 +358,8 @@ async def message_prepare(*, ctx: CallContext, request: dict[str, Any], small: b
         )
     sampling = call_sampling(request=request, held=held)
     if held.get("seed") is not None:
-        sampling["seed"] = await pool.run_cpu(
-            call_seed, attempt_seed=int(held["seed"]), prompt_ids=fitted.rendered.token_ids
-        )
+        seed = functools.partial(call_seed, attempt_seed=int(held["seed"]), prompt_ids=fitted.rendered.token_ids)
+        sampling["seed"] = seed() if small else await pool.run_cpu(seed)
     return Prepared(
         ctx=ctx,
         request=request,
