@@ -274,6 +274,10 @@ def group_transition(
     )
 
 
+# Groups per UPDATE of groups_settle (its CASE has a branch for each).
+_SETTLE_BATCH = 500
+
+
 def groups_settle(*, run_id: str, summaries: Mapping[str, dict[str, Any]]) -> dict[str, int]:
     """Settle many groups of one run at once (their summaries given), each with its
     ``group.settled`` event; returns the groups that moved, with their steps. In the
@@ -291,8 +295,9 @@ def groups_settle(*, run_id: str, summaries: Mapping[str, dict[str, Any]]) -> di
             return {}
         now = timezone.now()
         summary = SamplingGroup._meta.get_field("summary")
-        for i in range(0, len(moving), _SETTLE_BATCH):
-            pks = list(moving)[i : i + _SETTLE_BATCH]
+        ordered = list(moving)
+        for i in range(0, len(ordered), _SETTLE_BATCH):
+            pks = ordered[i : i + _SETTLE_BATCH]
             # The status, its time and each group's summary in one UPDATE (a CASE by key).
             GROUP_TRANSITIONS.claim_many(
                 pks=pks,
@@ -307,10 +312,6 @@ def groups_settle(*, run_id: str, summaries: Mapping[str, dict[str, Any]]) -> di
             )
         events_append(run_id=run_id, events=[("group.settled", {"group": pk, **summaries[pk]}) for pk in moving])
     return moving
-
-
-# Groups per UPDATE of groups_settle (its CASE has a branch for each).
-_SETTLE_BATCH = 500
 
 
 # --------------------------------------------------------------------------- reservation
