@@ -59,14 +59,20 @@ def test_stream_is_staged_before_content_and_settled_after_message_stop(alice, q
 
     async def scenario():
         response = await views.messages_view(post("/v1/messages", body(stream=True), secret))
-        seen = []
+        seen, chunks = [], 0
         async for chunk in response.streaming_content:
-            event = chunk.decode().split("\n", 1)[0].removeprefix("event: ")
+            chunks += 1
             rows = await sync_to_async(lambda: list(Interaction.objects.values("integrity", "delivery")))()
-            seen.append((event, rows))
-        return seen
+            for line in chunk.decode().splitlines():
+                if line.startswith("event: "):
+                    seen.append((line.removeprefix("event: "), rows))
+        return seen, chunks
 
-    seen = async_to_sync(scenario)()
+    seen, chunks = async_to_sync(scenario)()
+    # The opening events in one chunk, the whole answer (known at once) in another: one
+    # send each, not one per event.
+    assert chunks == 2, seen
+    assert [event for event, _ in seen][-1] == "message_stop"
     by_event = dict(seen)
     assert by_event["message_start"] == []  # nothing sampled yet
     staged = {"integrity": Integrity.STAGED, "delivery": Delivery.PENDING}
@@ -388,7 +394,7 @@ def test_client_disconnect_after_staging(alice, qwen3_tokenizer, published):
     async def scenario():
         response = await views.messages_view(post("/v1/messages", body(stream=True), secret))
         events = response._iterator
-        while not (await events.__anext__()).startswith(b"event: content_block_delta"):
+        while b"event: content_block_delta" not in await events.__anext__():
             pass
         await events.aclose()
 
