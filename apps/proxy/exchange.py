@@ -130,11 +130,27 @@ def json_decode(body: bytes) -> Any:
 async def authenticate(request: HttpRequest) -> Caller:
     # From the process's cache when fresh (no database phase, no thread hop): apps.proxy.lookups.
     secret = secret_from_headers(request.headers)
-    return lookups.caller_cached(secret=secret) or await db_phase(lookups.caller_load)(secret=secret)
+    return lookups.caller_cached(secret=secret) or await db_phase(lookups.caller_load, first=True)(secret=secret)
+
+
+# The route table's read in flight, per event loop: the calls that find the table stale
+# together (the first calls after an idle spell, a burst of sessions starting) wait for one
+# read instead of each taking a database slot for the same rows.
+_route_reads: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future[Sequence[ModelRoute]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 async def routes_current() -> Sequence[ModelRoute]:
-    return lookups.routes_cached() or await db_phase(lookups.routes_load)()
+    routes = lookups.routes_cached()
+    if routes is not None:
+        return routes
+    loop = asyncio.get_running_loop()
+    read = _route_reads.get(loop)
+    if read is None or read.done():
+        read = _route_reads[loop] = asyncio.ensure_future(db_phase(lookups.routes_load, first=True)())
+    # Shielded: a caller that goes away does not cancel the others' read.
+    return await asyncio.shield(read)
 
 
 async def context_build(

@@ -88,3 +88,60 @@ def test_a_cancelled_caller_lets_a_started_phase_finish_and_a_waiting_one_never_
 
     assert asyncio.run(main()) == "later"
     assert ran == ["slow", "later"]
+
+
+def test_a_phase_the_first_byte_waits_for_is_admitted_before_earlier_ones(proxy_phases):
+    """Staging and settling queue behind each other; a caller's authentication (first=True)
+    takes the next free slot ahead of them, whenever it arrived."""
+    proxy_phases(slots=1)
+    started, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def hold() -> None:
+        started.set()
+        release.wait(timeout=30)
+
+    def phase(*, name: str) -> None:
+        order.append(name)
+
+    async def main() -> None:
+        holding = asyncio.ensure_future(db.db_phase(hold)())
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 30)
+        queued = [asyncio.ensure_future(db.db_phase(phase)(name=f"settle-{n}")) for n in range(3)]
+        await asyncio.sleep(0)  # the settles wait for the only slot, in order
+        first = asyncio.ensure_future(db.db_phase(phase, first=True)(name="authenticate"))
+        await asyncio.sleep(0)
+        release.set()
+        await asyncio.gather(holding, first, *queued)
+
+    asyncio.run(main())
+    assert order == ["authenticate", "settle-0", "settle-1", "settle-2"]
+
+
+def test_a_slot_handed_to_a_cancelled_waiter_passes_to_the_next(proxy_phases):
+    """A freed slot goes to the next waiter directly; if that waiter is cancelled before it
+    resumes, the slot moves on instead of being lost (the later phases still run)."""
+    proxy_phases(slots=1)
+    slots = db.PhaseSlots(size=1)
+
+    async def main() -> list[str]:
+        got: list[str] = []
+        await slots.acquire()
+
+        async def waiter(name: str) -> None:
+            await slots.acquire()
+            got.append(name)
+            slots.release()
+
+        a = asyncio.ensure_future(waiter("a"))
+        b = asyncio.ensure_future(waiter("b"))
+        await asyncio.sleep(0)  # both wait
+        slots.release()  # handed to a, which has not resumed yet
+        a.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await a
+        await b
+        await slots.acquire()  # every slot came back
+        return got
+
+    assert asyncio.run(main()) == ["b"]

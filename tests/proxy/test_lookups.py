@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from asgiref.sync import async_to_sync
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -466,3 +467,34 @@ def test_a_confirmation_that_began_after_the_call_serves_it_however_long_it_took
     model_credential_revoke(cred=caller.credential)
     with connection.execute_wrapper(slow), pytest.raises(AuthenticationFailed, match="revoked"):
         lookups.caller_load(secret=secret)
+
+
+@pytest.mark.django_db
+def test_calls_that_find_the_route_table_stale_together_share_one_read(cached, monkeypatch):
+    """A burst of calls finding no fresh route table waits for one read of it, not one
+    database phase each; a caller that goes away meanwhile does not cancel the others'."""
+    from apps.proxy import exchange
+
+    make_route("qwen3-attempt")
+    reads: list[int] = []
+    real_load = lookups.routes_load
+
+    def counted_load():
+        reads.append(1)
+        return real_load()
+
+    monkeypatch.setattr(lookups, "routes_load", counted_load)
+
+    async def burst() -> list[Any]:
+        callers = [asyncio.ensure_future(exchange.routes_current()) for _ in range(6)]
+        await asyncio.sleep(0)  # every caller has found the table stale and waits
+        callers[0].cancel()
+        done = await asyncio.gather(*callers, return_exceptions=True)
+        return done
+
+    assert lookups.routes_cached() is None
+    done = async_to_sync(burst)()
+    assert isinstance(done[0], asyncio.CancelledError)
+    assert [[r.name for r in routes] for routes in done[1:]] == [["qwen3-attempt"]] * 5
+    assert reads == [1]
+    assert [r.name for r in lookups.routes_cached()] == ["qwen3-attempt"]  # the one read filled it
