@@ -70,11 +70,18 @@ def secret_from_headers(headers: object) -> str | None:
     return None
 
 
-def _credential_verify(secret: str) -> ModelCredential:
+def is_model_credential(secret: str | None) -> bool:
+    """Whether `secret` has the form of a model credential (not that it is one)."""
+    return bool(secret) and secret.startswith(f"{MODEL_CREDENTIAL_SCHEME}_")  # type: ignore[union-attr]
+
+
+def _credential_prefix(secret: str) -> str | None:
     parts = secret.split("_", 2)
-    if len(parts) != 3:
-        raise AuthenticationFailed("invalid x-api-key")
-    cred = ModelCredential.objects.select_related("org").filter(prefix=parts[1]).first()
+    return parts[1] if len(parts) == 3 else None
+
+
+def _credential_check(*, secret: str, cred: ModelCredential | None) -> ModelCredential:
+    """`cred` (the row its prefix found) if `secret` is its secret and it is in force, else 401."""
     # Constant-time comparison even though the prefix matched, so timing tells nothing.
     if cred is None or not hmac.compare_digest(cred.token_hash, token_hash(secret)):
         raise AuthenticationFailed("invalid x-api-key")
@@ -85,11 +92,38 @@ def _credential_verify(secret: str) -> ModelCredential:
     return cred
 
 
+def _credential_verify(secret: str) -> ModelCredential:
+    prefix = _credential_prefix(secret)
+    if prefix is None:
+        raise AuthenticationFailed("invalid x-api-key")
+    return _credential_check(secret=secret, cred=ModelCredential.objects.select_related("org").filter(prefix=prefix).first())
+
+
+def credential_callers_authenticate(*, secrets: Sequence[str]) -> dict[str, Caller | AuthenticationFailed]:
+    """The callers of several model-credential secrets, read in one query; a secret refused
+    maps to its error, the one caller_authenticate raises for it alone."""
+    prefixes = {secret: _credential_prefix(secret) for secret in secrets}
+    wanted = {prefix for prefix in prefixes.values() if prefix is not None}
+    rows = ModelCredential.objects.select_related("org").filter(prefix__in=wanted) if wanted else []
+    by_prefix = {cred.prefix: cred for cred in rows}
+    out: dict[str, Caller | AuthenticationFailed] = {}
+    for secret, prefix in prefixes.items():
+        try:
+            if prefix is None:
+                raise AuthenticationFailed("invalid x-api-key")
+            cred = _credential_check(secret=secret, cred=by_prefix.get(prefix))
+        except AuthenticationFailed as exc:
+            out[secret] = exc
+        else:
+            out[secret] = Caller(org=cred.org, kind="attempt", credential=cred)
+    return out
+
+
 def caller_authenticate(*, secret: str | None) -> Caller:
     """The caller for a secret, or 401/403."""
     if not secret:
         raise AuthenticationFailed("x-api-key header is required")
-    if secret.startswith(f"{MODEL_CREDENTIAL_SCHEME}_"):
+    if is_model_credential(secret):
         cred = _credential_verify(secret)
         return Caller(org=cred.org, kind="attempt", credential=cred)
     token = token_verify(secret=secret)

@@ -30,7 +30,7 @@ from django.http.response import HttpResponseBase
 
 from apps.core.inputs import InputProblem, json_loads_strict
 from apps.proxy import calls, lookups, pool
-from apps.proxy.credentials import Caller, secret_from_headers
+from apps.proxy.credentials import Caller, is_model_credential, secret_from_headers
 from apps.proxy.db import db_phase
 from apps.proxy.delivery import CallDelivery
 from apps.proxy.errors import (
@@ -130,7 +130,66 @@ def json_decode(body: bytes) -> Any:
 async def authenticate(request: HttpRequest) -> Caller:
     # From the process's cache when fresh (no database phase, no thread hop): apps.proxy.lookups.
     secret = secret_from_headers(request.headers)
-    return lookups.caller_cached(secret=secret) or await db_phase(lookups.caller_load, first=True)(secret=secret)
+    caller = lookups.caller_cached(secret=secret)
+    if caller is not None:
+        return caller
+    if not is_model_credential(secret):
+        return await db_phase(lookups.caller_load, first=True)(secret=secret)
+    assert secret is not None  # a model credential's form
+    # Shielded: a caller that goes away does not cancel the others waiting for the same load.
+    return await asyncio.shield(_caller_loading(secret=secret))
+
+
+class _CallerLoads:
+    """The model credentials of one event loop not found cached, loaded together: the calls
+    that miss in the same turn of the loop (a run's attempts starting at once, each with a
+    credential of its own) share one database phase and one query, instead of each
+    queueing its own phase for the process's few database slots."""
+
+    def __init__(self) -> None:
+        self.gathering: dict[str, asyncio.Future[Caller]] = {}  # the next load's, still open
+        self.waiting: dict[str, asyncio.Future[Caller]] = {}  # every secret not answered yet
+        self.tasks: set[asyncio.Task[None]] = set()  # the loads running (kept from collection)
+
+
+_caller_loads: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _CallerLoads] = weakref.WeakKeyDictionary()
+
+
+def _caller_loading(*, secret: str) -> asyncio.Future[Caller]:
+    loop = asyncio.get_running_loop()
+    loads = _caller_loads.get(loop)
+    if loads is None:
+        loads = _caller_loads[loop] = _CallerLoads()
+    future = loads.waiting.get(secret)
+    if future is not None:
+        return future
+    if not loads.gathering:
+        task = loop.create_task(_callers_load(loads))
+        loads.tasks.add(task)
+        task.add_done_callback(loads.tasks.discard)
+    future = loads.gathering[secret] = loads.waiting[secret] = loop.create_future()
+    # Its error is raised in every call waiting for it; marked seen here, so that one no
+    # call is left waiting for (all went away) is not reported as never retrieved.
+    future.add_done_callback(lambda done: done.cancelled() or done.exception())
+    return future
+
+
+async def _callers_load(loads: _CallerLoads) -> None:
+    await asyncio.sleep(0)  # the misses of this turn of the loop join
+    batch, loads.gathering = loads.gathering, {}
+    try:
+        results: dict[str, Any] = await db_phase(lookups.callers_load, first=True)(secrets=list(batch))
+    except Exception as exc:  # noqa: BLE001 - each call answers it (a database error: overloaded)
+        results = dict.fromkeys(batch, exc)
+    for secret, future in batch.items():
+        loads.waiting.pop(secret, None)
+        result = results[secret]
+        if future.done():
+            continue
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
 
 
 # The route table's read in flight, per event loop: the calls that find the table stale

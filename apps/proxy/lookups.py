@@ -51,7 +51,8 @@ from django.utils import timezone
 
 from apps.accounts.models import ModelCredential
 from apps.accounts.services import token_hash
-from apps.proxy.credentials import Caller, caller_authenticate
+from apps.proxy.credentials import Caller, caller_authenticate, credential_callers_authenticate
+from apps.proxy.errors import AuthenticationFailed
 from apps.proxy.models import ModelRoute
 from synth_common.fresh_cache import FreshCache
 
@@ -124,6 +125,28 @@ class CallerCache:
         with self._lock:
             self._entries[token_hash(secret)] = _Entry(caller=caller, valid_as_of=started, used_at=started)
         return caller
+
+    def load_many(self, *, secrets: Sequence[str]) -> dict[str, Caller | AuthenticationFailed]:
+        """The callers of several model-credential secrets (those refused: their error), the
+        ones not fresh read in one query and cached as `load` does. Reads the database: call
+        it in a database phase."""
+        asked_at = time.monotonic()
+        self._confirm_stale()
+        out: dict[str, Caller | AuthenticationFailed] = {}
+        missing = []
+        for secret in secrets:
+            caller = self.cached(secret=secret, asked_at=asked_at)
+            if caller is not None:
+                out[secret] = caller
+            else:
+                missing.append(secret)
+        started = time.monotonic()
+        for secret, result in credential_callers_authenticate(secrets=missing).items():
+            if isinstance(result, Caller):
+                with self._lock:
+                    self._entries[token_hash(secret)] = _Entry(caller=result, valid_as_of=started, used_at=started)
+            out[secret] = result
+        return out
 
     def _confirm_stale(self) -> None:
         """Confirm the stale credentials in one query each CONFIRM_BATCH; drop those revoked
@@ -246,6 +269,10 @@ def caller_cached(*, secret: str | None) -> Caller | None:
 
 def caller_load(*, secret: str | None) -> Caller:
     return callers.load(secret=secret)
+
+
+def callers_load(*, secrets: Sequence[str]) -> dict[str, Caller | AuthenticationFailed]:
+    return callers.load_many(secrets=secrets)
 
 
 def routes_cached() -> Sequence[ModelRoute] | None:

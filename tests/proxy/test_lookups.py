@@ -498,3 +498,49 @@ def test_calls_that_find_the_route_table_stale_together_share_one_read(cached, m
     assert [[r.name for r in routes] for routes in done[1:]] == [["qwen3-attempt"]] * 5
     assert reads == [1]
     assert [r.name for r in lookups.routes_cached()] == ["qwen3-attempt"]  # the one read filled it
+
+
+@pytest.mark.django_db
+def test_credentials_not_cached_found_together_are_read_in_one_query(cached):
+    """A run's attempts start at once, each with a credential the process has not seen: the
+    calls that miss together share one database phase and one query, and each still gets
+    its own answer (a caller, or the refusal it would get alone)."""
+    from apps.proxy import exchange
+
+    member = make_member("team", "alice")
+    make_route("qwen3-attempt")
+    secrets = [issue(member.org, "qwen3-attempt", trial=f"trl_{n}") for n in range(6)]
+    revoked = issue(member.org, "qwen3-attempt", trial="trl_revoked")
+    model_credential_revoke(cred=ModelCredential.objects.get(trial_id="trl_revoked"))
+    forged = secrets[0][:-4] + "abcd"  # a known prefix, not its secret
+    phases: list[int] = []
+    real_load = lookups.callers_load
+
+    def counted(*, secrets):
+        phases.append(len(secrets))
+        return real_load(secrets=secrets)
+
+    class Request:
+        def __init__(self, secret: str) -> None:
+            self.headers = {"x-api-key": secret}
+
+    async def burst() -> list[Any]:
+        asked = [*secrets, secrets[1], revoked, forged]  # one secret twice
+        return await asyncio.gather(
+            *(exchange.authenticate(Request(secret)) for secret in asked), return_exceptions=True
+        )
+
+    with CaptureQueriesContext(connection) as queries:
+        import unittest.mock
+
+        with unittest.mock.patch.object(lookups, "callers_load", counted):
+            answers = async_to_sync(burst)()
+    credential_reads = [q for q in queries.captured_queries if ModelCredential._meta.db_table in q["sql"]]
+    assert phases == [8] and len(credential_reads) == 1, (phases, credential_reads)
+    trials = [a.credential.trial_id for a in answers[:7]]
+    assert trials == [f"trl_{n}" for n in range(6)] + ["trl_1"]
+    assert isinstance(answers[7], AuthenticationFailed) and "revoked" in answers[7].message
+    assert isinstance(answers[8], AuthenticationFailed) and answers[8].message == "invalid x-api-key"
+    # The callers found are cached as a load of each would have cached them; the refused are not.
+    assert all(lookups.caller_cached(secret=secret) is not None for secret in secrets)
+    assert lookups.caller_cached(secret=revoked) is None and lookups.caller_cached(secret=forged) is None
