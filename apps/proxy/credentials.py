@@ -72,7 +72,7 @@ def secret_from_headers(headers: object) -> str | None:
 
 def is_model_credential(secret: str | None) -> bool:
     """Whether `secret` has the form of a model credential (not that it is one)."""
-    return bool(secret) and secret.startswith(f"{MODEL_CREDENTIAL_SCHEME}_")  # type: ignore[union-attr]
+    return secret is not None and secret.startswith(f"{MODEL_CREDENTIAL_SCHEME}_")
 
 
 def _credential_prefix(secret: str) -> str | None:
@@ -96,7 +96,9 @@ def _credential_verify(secret: str) -> ModelCredential:
     prefix = _credential_prefix(secret)
     if prefix is None:
         raise AuthenticationFailed("invalid x-api-key")
-    return _credential_check(secret=secret, cred=ModelCredential.objects.select_related("org").filter(prefix=prefix).first())
+    return _credential_check(
+        secret=secret, cred=ModelCredential.objects.select_related("org").filter(prefix=prefix).first()
+    )
 
 
 def credential_callers_authenticate(*, secrets: Sequence[str]) -> dict[str, Caller | AuthenticationFailed]:
