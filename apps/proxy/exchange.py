@@ -181,6 +181,11 @@ async def _callers_load(loads: _CallerLoads) -> None:
         results: dict[str, Any] = await db_phase(lookups.callers_load, first=True)(secrets=list(batch))
     except Exception as exc:  # noqa: BLE001 - each call answers it (a database error: overloaded)
         results = dict.fromkeys(batch, exc)
+    except BaseException:  # the load itself cancelled (the loop closing): no call waits for ever
+        for secret, future in batch.items():
+            loads.waiting.pop(secret, None)
+            future.cancel()
+        raise
     for secret, future in batch.items():
         loads.waiting.pop(secret, None)
         result = results[secret]
