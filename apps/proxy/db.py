@@ -68,15 +68,23 @@ def db_phase(fn: Callable[..., Any], *, first: bool = False) -> Callable[..., Aw
     return call
 
 
+# `first` phases admitted in a row while others wait, at most: the preference must not let a
+# flood of calls with unknown secrets (each a lookup that is never cached) starve the
+# staging and settling of the calls already answering.
+FIRST_IN_A_ROW = 4
+
+
 class PhaseSlots:
     """The database slots of one event loop: at most `size` phases at once, those waiting
-    admitted in order, every `first` one before any other. A freed slot is handed to the
-    next waiter directly, so a phase arriving meanwhile cannot take it first."""
+    admitted in order, a `first` one before the others (up to FIRST_IN_A_ROW in a row). A
+    freed slot is handed to the next waiter directly, so a phase arriving meanwhile cannot
+    take it first."""
 
     def __init__(self, *, size: int) -> None:
         self._free = size
         self._first: collections.deque[asyncio.Future[None]] = collections.deque()
         self._rest: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._first_in_a_row = 0
 
     async def acquire(self, *, first: bool = False) -> None:
         if self._free > 0 and not self._first and not self._rest:
@@ -90,18 +98,26 @@ class PhaseSlots:
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 self.release()  # handed a slot just as it was cancelled: pass it on
-            else:
+            elif waiter in queue:  # not dropped by a release meanwhile
                 queue.remove(waiter)
             raise
 
     def release(self) -> None:
+        self._prune()
+        if self._first and (not self._rest or self._first_in_a_row < FIRST_IN_A_ROW):
+            self._first_in_a_row += 1
+            self._first.popleft().set_result(None)
+        elif self._rest:
+            self._first_in_a_row = 0
+            self._rest.popleft().set_result(None)
+        else:
+            self._free += 1
+
+    def _prune(self) -> None:
+        """Drop the waiters cancelled while queued from the front of both queues."""
         for queue in (self._first, self._rest):
-            while queue:
-                waiter = queue.popleft()
-                if not waiter.done():
-                    waiter.set_result(None)
-                    return
-        self._free += 1
+            while queue and queue[0].done():
+                queue.popleft()
 
 
 def _on_executor(fn: Callable[..., Any], *, executor: ThreadPoolExecutor) -> Callable[..., Awaitable[Any]]:

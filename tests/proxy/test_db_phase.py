@@ -145,3 +145,56 @@ def test_a_slot_handed_to_a_cancelled_waiter_passes_to_the_next(proxy_phases):
         return got
 
     assert asyncio.run(main()) == ["b"]
+
+
+def test_first_phases_cannot_starve_the_others():
+    """However many `first` phases keep arriving (calls with secrets that are never cached),
+    a waiting staging or settling phase is admitted after at most FIRST_IN_A_ROW of them."""
+    slots = db.PhaseSlots(size=1)
+    admitted: list[str] = []
+
+    async def main() -> None:
+        await slots.acquire()
+
+        async def phase(name: str, *, first: bool) -> None:
+            await slots.acquire(first=first)
+            admitted.append(name)
+            slots.release()
+
+        tasks = [asyncio.ensure_future(phase("settle", first=False))]
+        tasks += [asyncio.ensure_future(phase(f"lookup-{n}", first=True)) for n in range(10)]
+        await asyncio.sleep(0)  # all wait for the one slot
+        slots.release()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+    assert admitted.index("settle") == db.FIRST_IN_A_ROW, admitted
+    assert len(admitted) == 11
+
+
+def test_a_waiter_cancelled_while_queued_is_skipped_by_the_next_release():
+    """Cancelled in the queue and dropped by a release before it resumes: the slot goes to
+    the next waiter, and the cancelled one ends cancelled (nothing else raised)."""
+    slots = db.PhaseSlots(size=1)
+
+    async def main() -> list[str]:
+        got: list[str] = []
+        await slots.acquire()
+
+        async def waiter(name: str) -> None:
+            await slots.acquire()
+            got.append(name)
+            slots.release()
+
+        a = asyncio.ensure_future(waiter("a"))
+        b = asyncio.ensure_future(waiter("b"))
+        await asyncio.sleep(0)
+        a.cancel()  # its future is cancelled now; the task resumes later
+        slots.release()  # drops a, hands the slot to b
+        with pytest.raises(asyncio.CancelledError):
+            await a
+        await b
+        await slots.acquire()
+        return got
+
+    assert asyncio.run(main()) == ["b"]
