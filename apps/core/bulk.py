@@ -1,4 +1,5 @@
-"""Many new rows of one model written at once: by COPY on PostgreSQL, by bulk_create elsewhere.
+"""New rows written without the ORM's per-row machinery: many of one model at once (by
+COPY on PostgreSQL, by bulk_create elsewhere), or one row on a hot path (`row_insert`).
 
 Django's bulk_create on PostgreSQL sends each batch as INSERT ... SELECT * FROM UNNEST(...),
 whose arrays psycopg quotes in Python, value by value: for the 10,000 task versions of a
@@ -8,9 +9,13 @@ format, each value written by psycopg's own dumpers, in one statement.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from typing import Any
 
+import psycopg
 from django.db import IntegrityError, connection, models, transaction
+from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 
 
 def rows_copy(*, objs: Sequence[models.Model], ignore_conflicts: bool = False, batch_size: int = 1000) -> None:
@@ -49,3 +54,50 @@ def rows_copy(*, objs: Sequence[models.Model], ignore_conflicts: bool = False, b
         return
     for obj in objs:  # saved, as bulk_create leaves them
         obj._state.adding, obj._state.db = False, connection.alias
+
+
+class _UnpreparedCursor(psycopg.Cursor[Any]):
+    """Server-side binding, never a named prepared statement: a pooler in transaction mode
+    may run the next execution on another server connection, where it would not exist."""
+
+    def execute(
+        self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None
+    ) -> Any:
+        return super().execute(query, params, prepare=False, binary=binary)
+
+
+@functools.cache
+def _insert_statement(model: type[models.Model]) -> tuple[str, tuple[models.Field, ...]]:
+    opts = model._meta
+    fields = tuple(f for f in opts.concrete_fields if f is not opts.auto_field)
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(f.column) for f in fields)
+    return f"INSERT INTO {quote(opts.db_table)} ({columns}) VALUES ({', '.join(['%s'] * len(fields))})", fields
+
+
+def row_insert(*, obj: models.Model) -> None:
+    """Insert ``obj`` (a new instance whose key is set, of a model with no save() of its own
+    and no signal receivers) as ``obj.save(force_insert=True)`` writes it.
+
+    For a row written on every model call (the proxy's staged interaction): save() builds
+    its SQL through the compiler each time, and psycopg's client-side binding quotes every
+    value into the statement's text, the staged payload's kilobytes of JSON included. Here
+    the statement is built once per model and, on PostgreSQL, sent with its values as
+    parameters (server-side binding). The values are those an INSERT of each field would
+    write (pre_save fills auto_now_add times; get_db_prep_save adapts JSON, bytes, keys)."""
+    model = type(obj)
+    if connection.vendor != "postgresql" or obj._meta.auto_field is not None and obj.pk is None:
+        obj.save(force_insert=True)
+        return
+    statement, fields = _insert_statement(model)
+    values = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
+    connection.ensure_connection()
+    # A cursor of psycopg's default class on the same connection (Django's is the client-side
+    # binding one), in Django's wrapper all the same: its execute wrappers, query log and
+    # error translation (a unique violation into IntegrityError) apply as to any query.
+    raw = _UnpreparedCursor(connection.connection)
+    # What connection.cursor() makes around its own cursor (connection.make_cursor).
+    wrapper = CursorDebugWrapper if connection.queries_logged else CursorWrapper
+    with wrapper(raw, connection) as cursor:
+        cursor.execute(statement, values)
+    obj._state.adding, obj._state.db = False, connection.alias

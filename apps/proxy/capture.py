@@ -40,6 +40,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from apps.core.bulk import row_insert
 from apps.core.transitions import TransitionTable
 from apps.objects.models import StoredObject
 from apps.objects.selectors import object_get
@@ -230,7 +231,7 @@ def interaction_stage(*, rec: CaptureRecord, delivery: str = Delivery.PENDING, c
         # Known now and independent of delivery: no importance weights for this call.
         interaction.eligibility = Eligibility.INELIGIBLE
         interaction.eligibility_reason = "logprobs missing or not finite"
-    interaction.save(force_insert=True)
+    row_insert(obj=interaction)  # save(force_insert=True) without the ORM's per-row cost
     if prompt is not None:
         # A base only once committed: a row rolled back must never be a later call's base.
         transaction.on_commit(

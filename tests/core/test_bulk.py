@@ -92,3 +92,53 @@ def test_a_database_generated_key_is_left_to_its_sequence() -> None:
     entries = list(version.entries.values_list("id", "position", "task_version_id"))
     assert [(p, t) for _, p, t in entries] == [(0, tvs[0].pk), (1, tvs[1].pk), (2, tvs[2].pk), (3, tvs[0].pk)]
     assert len({i for i, _, _ in entries}) == 4 and all(i is not None for i, _, _ in entries)
+
+
+def _interaction(**extra):
+    from apps.proxy.models import Interaction
+    from apps.proxy.routes import DEFAULT_ROUTE, route_upsert
+
+    return Interaction(
+        org_id=org_get_or_create(slug="row-insert").id,
+        route=route_upsert(**DEFAULT_ROUTE)[0],
+        principal_kind="attempt",
+        model_requested="qwen3",
+        snapshot={"backend": "scripted", "nested": [1, 2.5, None, 'caf\u00e9 \\ "q"']},
+        parse_errors=["a", {"b": 1}],
+        timings={"total": 3.5},
+        payload={"output_ids": [1, 2, 3], "text": "tab\there \\N caf\u00e9"},
+        prompt_ids_packed=b"\x00\x01\xff\\N",
+        prompt_shared=7,
+        **extra,
+    )
+
+
+def test_a_row_insert_writes_the_row_save_writes_visibly_to_django() -> None:
+    """row_insert (the proxy's staging path) writes what save(force_insert=True) writes,
+    every kind of value included, through Django's cursor wrapper: the query is seen by
+    Django's query capture and a duplicate key raises Django's IntegrityError."""
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.core.bulk import row_insert
+    from apps.proxy.models import Interaction
+
+    mine, theirs = _interaction(), _interaction()
+    with CaptureQueriesContext(connection) as queries:
+        row_insert(obj=mine)
+    assert len(queries) == 1 and "INSERT INTO" in queries.captured_queries[0]["sql"]
+    theirs.save(force_insert=True)
+    assert not mine._state.adding
+
+    def stored(pk: str) -> dict:
+        row = Interaction.objects.filter(pk=pk).values().get()  # every column
+        row.pop("id")
+        assert row.pop("created_at") is not None
+        return row
+
+    mine_row = stored(mine.pk)
+    assert mine_row == stored(theirs.pk)
+    assert bytes(mine_row["prompt_ids_packed"]) == b"\x00\x01\xff\\N" and mine_row["payload"]["text"].startswith(
+        "tab\t"
+    )
+    with pytest.raises(IntegrityError), transaction.atomic():
+        row_insert(obj=_interaction(id=mine.pk))
