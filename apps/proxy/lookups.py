@@ -140,12 +140,13 @@ class CallerCache:
                 out[secret] = caller
             else:
                 missing.append(secret)
-        started = time.monotonic()
-        for secret, result in credential_callers_authenticate(secrets=missing).items():
-            if isinstance(result, Caller):
-                with self._lock:
-                    self._entries[token_hash(secret)] = _Entry(caller=result, valid_as_of=started, used_at=started)
-            out[secret] = result
+        for i in range(0, len(missing), CONFIRM_BATCH):  # SQLite bounds a statement's parameters
+            started = time.monotonic()
+            for secret, result in credential_callers_authenticate(secrets=missing[i : i + CONFIRM_BATCH]).items():
+                if isinstance(result, Caller):
+                    with self._lock:
+                        self._entries[token_hash(secret)] = _Entry(caller=result, valid_as_of=started, used_at=started)
+                out[secret] = result
         return out
 
     def _confirm_stale(self) -> None:
