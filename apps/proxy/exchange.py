@@ -175,13 +175,16 @@ def _caller_loading(*, secret: str) -> asyncio.Future[Caller]:
 
 
 async def _callers_load(loads: _CallerLoads) -> None:
-    await asyncio.sleep(0)  # the misses of this turn of the loop join
-    batch, loads.gathering = loads.gathering, {}
+    batch: dict[str, asyncio.Future[Caller]] = {}
     try:
+        await asyncio.sleep(0)  # the misses of this turn of the loop join
+        batch, loads.gathering = loads.gathering, {}
         results: dict[str, Any] = await db_phase(lookups.callers_load, first=True)(secrets=list(batch))
     except Exception as exc:  # noqa: BLE001 - each call answers it (a database error: overloaded)
         results = dict.fromkeys(batch, exc)
     except BaseException:  # the load itself cancelled (the loop closing): no call waits for ever
+        if not batch:  # before it took its batch: what it gathered ends with it
+            batch, loads.gathering = loads.gathering, {}
         for secret, future in batch.items():
             loads.waiting.pop(secret, None)
             future.cancel()

@@ -544,3 +544,28 @@ def test_credentials_not_cached_found_together_are_read_in_one_query(cached):
     # The callers found are cached as a load of each would have cached them; the refused are not.
     assert all(lookups.caller_cached(secret=secret) is not None for secret in secrets)
     assert lookups.caller_cached(secret=revoked) is None and lookups.caller_cached(secret=forged) is None
+
+
+@pytest.mark.django_db
+def test_a_credential_load_cancelled_before_its_phase_leaves_no_call_waiting(cached):
+    """The loop closing cancels a load still gathering its batch: the calls waiting for it
+    end cancelled, and a later miss for the same secret starts a load of its own."""
+    from apps.proxy import exchange
+
+    member = make_member("team", "alice")
+    make_route("qwen3-attempt")
+    secret = issue(member.org, "qwen3-attempt")
+
+    async def scenario() -> str:
+        waiting = exchange._caller_loading(secret=secret)
+        loads = exchange._caller_loads[asyncio.get_running_loop()]
+        (load,) = loads.tasks
+        await asyncio.sleep(0)  # the load has started: it yields once to gather the turn's misses
+        load.cancel()
+        await asyncio.gather(load, return_exceptions=True)  # the load has ended
+        assert waiting.cancelled()
+        assert not loads.waiting and not loads.gathering
+        caller = await exchange._caller_loading(secret=secret)  # a fresh load
+        return caller.credential.trial_id
+
+    assert async_to_sync(scenario)() == "trl_test"
