@@ -25,7 +25,7 @@ import hashlib
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime
@@ -38,15 +38,15 @@ CHUNK_SIZE = 1024 * 1024
 MAX_OBJECT_SIZE = 5 * 1024**3
 # S3 user metadata naming the upload grant that created an object (see S3Store.upload_verify).
 GRANT_METADATA = "synth-grant"
-# Threads writing a batch of objects (ObjectStore.put_many): a write waits on the network
-# or on fsync, not on the interpreter.
+# Threads writing or reading a batch of objects (ObjectStore.put_many, read_many): a write
+# or a read waits on the network or on the disk, not on the interpreter.
 PUT_THREADS = 8
 
 PutResult = Literal["created", "present"]
 
-# The process' writers, made on first use and kept: a trial publishes a few objects, and
-# starting threads for each batch cost more than the writes. A forked child (a Celery pool
-# process) inherits the object but not its threads, so it makes its own.
+# The process' writers (and readers), made on first use and kept: a trial publishes a few
+# objects, and starting threads for each batch cost more than the writes. A forked child (a
+# Celery pool process) inherits the object but not its threads, so it makes its own.
 _writers: ThreadPoolExecutor | None = None
 _writers_lock = threading.Lock()
 
@@ -170,6 +170,25 @@ class ObjectStore(ABC):
             wait(futures)
             results = [future.result() for future in futures]
         return {sha256: result for (sha256, _), result in zip(items, results, strict=True)}
+
+    def read_many(self, *, sizes: Mapping[str, int]) -> dict[str, bytes]:
+        """The bytes of each object (by sha256, with the size its reference records), each
+        checked against its digest; read from a few threads (a learner reads every model
+        call of a group: hundreds of small objects, each a round trip to the store). The
+        first failure is raised once every read has ended."""
+
+        def one(sha256: str) -> bytes:
+            with self.open(sha256=sha256) as stream:
+                data = stream.read()
+            if len(data) != sizes[sha256] or hashlib.sha256(data).hexdigest() != sha256:
+                raise ObjectCorrupt(f"{object_key(sha256)} does not match its digest in the object store")
+            return data
+
+        if len(sizes) <= 1:
+            return {sha256: one(sha256) for sha256 in sizes}
+        futures = {sha256: _writers_pool().submit(one, sha256) for sha256 in sizes}
+        wait(futures.values())
+        return {sha256: future.result() for sha256, future in futures.items()}
 
     @abstractmethod
     def open(self, *, sha256: str) -> IO[bytes]:

@@ -3,11 +3,12 @@ payloads of its captured model calls (published evidence only)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+import orjson
+
 from apps.objects.selectors import object_get
-from apps.objects.services import object_read
+from apps.objects.services import object_read, objects_read_many
 from apps.proxy.capture import interaction_evidence
 from apps.proxy.models import Eligibility, Integrity, Interaction
 from apps.runs.models import SamplingGroup, TrialStatus
@@ -22,10 +23,28 @@ def _payload(interaction: Interaction) -> dict[str, Any]:
         # Publication reads the bytes back to verify them: those are the payload.
         _, data = interaction_evidence(interaction_id=interaction.id)
         if data is not None:
-            return json.loads(data)
+            return orjson.loads(data)
         interaction.refresh_from_db(fields=["integrity", "payload_sha256"])
     obj = object_get(org=interaction.org, sha256=interaction.payload_sha256)
-    return json.loads(object_read(obj=obj))
+    return orjson.loads(object_read(obj=obj))
+
+
+def _payloads(interactions: list[Interaction]) -> list[dict[str, Any]]:
+    """The token payloads of ``interactions``, in order. The published ones are read
+    together (one statement for their references, the reads in parallel): a group's
+    attempts make tens to hundreds of model calls each, and one round trip per call to the
+    database and one to the object store, one after the other, put minutes on the
+    learner's path with real attempts. Calls not published yet are published first, one by
+    one, as before. Parsed by orjson: a payload holds the call's whole prompt as ids (tens
+    of thousands of numbers), which it parses about three times faster than json, to the
+    same values (floats included: both round-trip exactly)."""
+    published = [i for i in interactions if i.integrity == Integrity.VERIFIED]
+    data: dict[str, bytes] = {}
+    if published:
+        data = objects_read_many(org=published[0].org, sha256s=[i.payload_sha256 for i in published])
+    return [
+        orjson.loads(data[i.payload_sha256]) if i.integrity == Integrity.VERIFIED else _payload(i) for i in interactions
+    ]
 
 
 def group_attempts(*, group: SamplingGroup) -> list[Attempt]:
@@ -42,6 +61,7 @@ def group_attempts(*, group: SamplingGroup) -> list[Attempt]:
     ):
         calls[interaction.trial_id].append(interaction)
     attempts: list[Attempt] = []
+    trained: list[tuple[Attempt, Interaction]] = []  # the calls whose payloads are read
     for trial in trials:
         attempt = Attempt(trial_id=trial.id, reward=trial.reward, calls=[])
         if trial.status != TrialStatus.SUCCEEDED:
@@ -55,16 +75,17 @@ def group_attempts(*, group: SamplingGroup) -> list[Attempt]:
             if interaction.eligibility != Eligibility.ELIGIBLE:
                 attempt.problem = f"a model call is not trainable ({interaction.eligibility_reason or 'unsettled'})"
                 break
-            payload = _payload(interaction)
-            attempt.calls.append(
-                Call(
-                    prompt_ids=payload["prompt_ids"],
-                    output_ids=payload["output_ids"],
-                    logprobs=payload["logprobs"],
-                    agent=payload.get("agent_id") or "",
-                )
-            )
+            trained.append((attempt, interaction))
         attempts.append(attempt)
+    for (attempt, _), payload in zip(trained, _payloads([i for _, i in trained]), strict=True):
+        attempt.calls.append(
+            Call(
+                prompt_ids=payload["prompt_ids"],
+                output_ids=payload["output_ids"],
+                logprobs=payload["logprobs"],
+                agent=payload.get("agent_id") or "",
+            )
+        )
     return attempts
 
 

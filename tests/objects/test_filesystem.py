@@ -17,6 +17,7 @@ from apps.objects.services import (
     object_read,
     object_read_grant,
     object_upload_grant,
+    objects_read_many,
 )
 from tests.objects.conftest import local, sha
 
@@ -348,3 +349,17 @@ def test_batches_share_the_process_writers_and_a_forked_child_makes_its_own(fs_s
         except BaseException:
             os._exit(2)
     assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
+
+
+def test_a_batch_is_read_by_the_org_and_verified(fs_store, alice, bob):
+    blobs = [f"payload {i}".encode() * (i + 1) for i in range(5)]
+    for blob in blobs:
+        object_put(org=alice.org, data=blob)
+    assert objects_read_many(org=alice.org, sha256s=[sha(b) for b in reversed(blobs)]) == {sha(b): b for b in blobs}
+    with pytest.raises(NotFound):
+        objects_read_many(org=bob.org, sha256s=[sha(blobs[0])])
+    path = fs_store.root / object_key(sha(blobs[2]))
+    os.chmod(path, 0o644)
+    path.write_bytes(b"changed on disk")
+    with pytest.raises(ObjectCorrupt):
+        objects_read_many(org=alice.org, sha256s=[sha(b) for b in blobs])

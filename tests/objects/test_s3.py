@@ -21,6 +21,7 @@ from apps.objects.services import (
     object_read,
     object_read_grant,
     object_upload_grant,
+    objects_read_many,
 )
 from apps.objects.store import store_get
 from tests.objects.conftest import sha
@@ -242,3 +243,23 @@ def test_a_batch_is_put_create_only_and_verified(s3_store, alice):
         store.put_many(items=[(sha(b"declared"), b"actually")], content_type="x")
     assert all(head(s3_store, s3_store.key(sha(b))) is not None for b in blobs)
     assert head(s3_store, s3_store.key(sha(b"declared"))) is None
+
+
+def test_a_batch_is_read_by_the_org_and_verified(s3_store, alice, bob):
+    """objects_read_many: each object's bytes by sha256 (repeats read once), only through
+    the org's own references, and never bytes that do not match their digest."""
+    blobs = [f"payload {i}".encode() * (i + 1) for i in range(6)]
+    for blob in blobs:
+        object_put(org=alice.org, data=blob)
+    wanted = [sha(b) for b in blobs] + [sha(blobs[0])]
+    assert objects_read_many(org=alice.org, sha256s=wanted) == {sha(b): b for b in blobs}
+    assert objects_read_many(org=alice.org, sha256s=[]) == {}
+    # Another org that knows the digests has no reference: not found, nothing read.
+    with pytest.raises(NotFound) as missing:
+        objects_read_many(org=bob.org, sha256s=[sha(blobs[1])])
+    assert sha(blobs[1]) in str(missing.value)
+    # Bytes changed under a key behind the store's back are refused, whichever read fails.
+    s3_store.server.client().put_object(Bucket=s3_store.server.bucket, Key=s3_store.key(sha(blobs[3])), Body=b"evil")
+    with pytest.raises(ObjectCorrupt):
+        objects_read_many(org=alice.org, sha256s=[sha(b) for b in blobs])
+    assert objects_read_many(org=alice.org, sha256s=[sha(blobs[2])]) == {sha(blobs[2]): blobs[2]}
