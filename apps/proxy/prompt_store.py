@@ -27,7 +27,6 @@ list into the same payload (canonical JSON, sha256) as before.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import sys
 import threading
@@ -35,6 +34,8 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from apps.proxy.models import Integrity, Interaction
 
@@ -218,7 +219,8 @@ def _published_prompt(row: Interaction) -> bytes:
 
     try:
         obj = object_get(org=row.org, sha256=row.payload_sha256)
-        ids = json.loads(object_read(obj=obj))["prompt_ids"]
+        # orjson: a whole prompt is tens of thousands of ids, parsed three times faster.
+        ids = orjson.loads(object_read(obj=obj))["prompt_ids"]
     except Exception as exc:  # noqa: BLE001 - gone, unreadable, altered: the caller falls back
         raise PromptUnrecoverable(f"{row.id}: its published prompt cannot be read: {exc}") from exc
     packed = pack(ids)
