@@ -29,22 +29,30 @@ def _payload(interaction: Interaction) -> dict[str, Any]:
     return orjson.loads(object_read(obj=obj))
 
 
+# Payloads read at once: enough to keep the store's round trips overlapped, few enough that
+# the raw bytes held besides the parsed payloads stay small (a call's payload holds its
+# whole prompt: up to megabytes at long contexts).
+READ_BATCH = 64
+
+
 def _payloads(interactions: list[Interaction]) -> list[dict[str, Any]]:
     """The token payloads of ``interactions``, in order. The published ones are read
-    together (one statement for their references, the reads in parallel): a group's
-    attempts make tens to hundreds of model calls each, and one round trip per call to the
-    database and one to the object store, one after the other, put minutes on the
-    learner's path with real attempts. Calls not published yet are published first, one by
-    one, as before. Parsed by orjson: a payload holds the call's whole prompt as ids (tens
-    of thousands of numbers), which it parses about three times faster than json, to the
-    same values (floats included: both round-trip exactly)."""
-    published = [i for i in interactions if i.integrity == Integrity.VERIFIED]
-    data: dict[str, bytes] = {}
-    if published:
-        data = objects_read_many(org=published[0].org, sha256s=[i.payload_sha256 for i in published])
-    return [
-        orjson.loads(data[i.payload_sha256]) if i.integrity == Integrity.VERIFIED else _payload(i) for i in interactions
-    ]
+    together, READ_BATCH at a time (one statement for their references, the reads in
+    parallel): a group's attempts make tens to hundreds of model calls each, and one round
+    trip per call to the database and one to the object store, one after the other, put
+    minutes on the learner's path with real attempts. Calls not published yet are
+    published first, one by one, as before. Parsed by orjson: a payload holds the call's
+    whole prompt as ids (tens of thousands of numbers), which it parses about three times
+    faster than json, to the same values (floats included: both round-trip exactly)."""
+    payloads: list[dict[str, Any]] = []
+    for start in range(0, len(interactions), READ_BATCH):
+        batch = interactions[start : start + READ_BATCH]
+        published = [i.payload_sha256 for i in batch if i.integrity == Integrity.VERIFIED]
+        data = objects_read_many(org=batch[0].org, sha256s=published) if published else {}
+        payloads += [
+            orjson.loads(data[i.payload_sha256]) if i.integrity == Integrity.VERIFIED else _payload(i) for i in batch
+        ]
+    return payloads
 
 
 def group_attempts(*, group: SamplingGroup) -> list[Attempt]:

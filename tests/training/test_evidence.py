@@ -83,7 +83,11 @@ def test_every_call_in_order_with_its_payload_in_statements_that_do_not_grow_wit
     assert counts[7] == counts[2]
 
 
-def test_calls_not_yet_verified_are_verified_and_a_call_not_trainable_ends_its_attempt(alice):
+@pytest.mark.parametrize("batch", [64, 2])
+def test_calls_not_yet_verified_are_verified_and_a_call_not_trainable_ends_its_attempt(alice, batch, monkeypatch):
+    from apps.training import evidence
+
+    monkeypatch.setattr(evidence, "READ_BATCH", batch)  # 2: reads in batches across attempts
     group = _group(alice, calls=2)
     first, second, third = group.trials.select_related("run__org").order_by("attempt")
     published = _call(trial=first, number=2, integrity=Integrity.PUBLISHED)
