@@ -120,6 +120,12 @@ def object_read(*, obj: StoredObject) -> bytes:
     return data
 
 
+def objects_read(*, objs: Sequence[StoredObject]) -> dict[str, bytes]:
+    """``object_read`` of many references at once, by sha256: read together
+    (ObjectStore.read_many), each checked against its digest."""
+    return store_get().read_many(sizes={obj.sha256: obj.size for obj in objs})
+
+
 def objects_read_many(*, org: Organization, sha256s: Sequence[str]) -> dict[str, bytes]:
     """``object_read`` of many of the org's objects, by sha256: their references in one
     statement per thousand, their bytes read together (ObjectStore.read_many), each checked

@@ -36,17 +36,39 @@ def judge_binding(*, trial: Trial) -> dict[str, Any]:
     return dict(trial.run.spec.judge_binding or {})
 
 
+# A regrade restores the retained workdir's files this many (or this many bytes) at a time:
+# read together from the object store, then written.
+RESTORE_BATCH = 64
+RESTORE_BATCH_BYTES = 64 * 1024 * 1024
+
+
+def _restore_batches(files: list[tuple[Path, Any]]) -> list[list[tuple[Path, Any]]]:
+    """``files`` (path, stored object) in batches of at most RESTORE_BATCH files and, unless
+    one file alone is bigger, RESTORE_BATCH_BYTES bytes."""
+    batches: list[list[tuple[Path, Any]]] = []
+    size = 0
+    for item in files:
+        if not batches or len(batches[-1]) >= RESTORE_BATCH or size + item[1].size > RESTORE_BATCH_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append(item)
+        size += item[1].size
+    return batches
+
+
 def restore_agent_config(*, trial: Trial, task_dir: Path, dest: Path) -> tuple[Any, str]:
     """The regrade's agent, which puts the source attempt's retained workdir back where the
-    source's launch plan had it (AgentConfig, that workdir)."""
+    source's launch plan had it (AgentConfig, that workdir). The files are read from the
+    object store a batch at a time, in parallel: a workdir holds hundreds of them."""
     from harbor.models.trial.config import AgentConfig
 
-    from apps.objects.services import object_read
+    from apps.objects.services import object_read, objects_read
     from synth_sandbox.support import task_workdir
 
     prefix = "artifacts/workdir/"
     workdir = task_workdir(task_dir=task_dir)
     dest.mkdir(parents=True, exist_ok=True)
+    files: list[tuple[Path, Any]] = []
     for artifact in Artifact.objects.filter(trial_id=trial.source_id).select_related("object"):
         if artifact.name == "launch-plan.json":
             workdir = json.loads(object_read(obj=artifact.object)).get("workdir") or workdir
@@ -55,8 +77,12 @@ def restore_agent_config(*, trial: Trial, task_dir: Path, dest: Path) -> tuple[A
         relative = Path(artifact.name.removeprefix(prefix))
         if relative.is_absolute() or ".." in relative.parts:
             raise ValueError(f"artifact {artifact.id} has an unsafe name {artifact.name!r}")
-        (dest / relative).parent.mkdir(parents=True, exist_ok=True)
-        (dest / relative).write_bytes(object_read(obj=artifact.object))
+        files.append((relative, artifact.object))
+    for batch in _restore_batches(files):
+        data = objects_read(objs=[obj for _, obj in batch])
+        for relative, obj in batch:
+            (dest / relative).parent.mkdir(parents=True, exist_ok=True)
+            (dest / relative).write_bytes(data[obj.sha256])
     config = AgentConfig(
         import_path="synth_launcher.harbor_agent:RestoreAgent",
         kwargs={"source_dir": str(dest), "workdir": workdir, "source_trial": trial.source_id},

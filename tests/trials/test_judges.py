@@ -5,6 +5,7 @@ calls a model: tests/harness/test_judges.py.)"""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +118,19 @@ def test_regrade_refuses_what_it_cannot_do(stack, alice, bob):
     resp = alice.client.post(f"/api/runs/{unfinished}/regrade", {"judge": judge}, format="json")
     assert resp.status_code == 409 and "retained no outputs" in resp.json()["error"]["message"]
     assert Run.objects.filter(org=alice.org).count() == 1  # nothing was created by a refusal
+
+
+def test_a_retained_workdir_is_restored_in_batches_bounded_by_files_and_bytes():
+    from types import SimpleNamespace
+
+    from apps.trials.launch import RESTORE_BATCH, RESTORE_BATCH_BYTES, _restore_batches
+
+    small = [(Path(f"f{i}"), SimpleNamespace(size=10)) for i in range(RESTORE_BATCH + 3)]
+    assert [len(b) for b in _restore_batches(small)] == [RESTORE_BATCH, 3]
+    half = RESTORE_BATCH_BYTES // 2 + 1
+    big = [
+        (Path(f"b{i}"), SimpleNamespace(size=size)) for i, size in enumerate([half, half, 5, RESTORE_BATCH_BYTES * 2])
+    ]
+    # Two halves do not fit one batch; a file bigger than the bound goes alone; order kept.
+    assert [[p.name for p, _ in b] for b in _restore_batches(big)] == [["b0"], ["b1", "b2"], ["b3"]]
+    assert _restore_batches([]) == []
