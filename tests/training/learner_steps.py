@@ -51,16 +51,17 @@ def submit_train(
     return Run.objects.get(pk=run.pk)
 
 
-def call_add(*, trial: Trial, step: int, stop_reason: str = "end_turn") -> Interaction:
-    """One published, eligible model call of ``trial`` whose tokens depend only on the
-    task's dataset position, the attempt number and the step (not on ids)."""
-    group = trial.group
-    seed = 1000 + 97 * group.position + 13 * trial.attempt + 7 * step
-    payload = {
-        "prompt_ids": [seed + i for i in range(6)],
-        "output_ids": [seed + 50 + i for i in range(4)],
-        "logprobs": [-2.0, -1.5, -2.5, -1.0],
-    }
+def call_stored(
+    *,
+    trial: Trial,
+    payload: dict[str, Any],
+    stop_reason: str = "end_turn",
+    integrity: str = Integrity.PUBLISHED,
+    eligibility: str = Eligibility.ELIGIBLE,
+    eligibility_reason: str = "",
+) -> Interaction:
+    """A settled model call of ``trial`` whose token payload (prompt_ids, output_ids,
+    logprobs) is stored in the object store."""
     data = json.dumps(payload, sort_keys=True).encode()
     obj = object_put(org=trial.run.org, data=data, content_type="application/json")
     return Interaction.objects.create(
@@ -74,11 +75,25 @@ def call_add(*, trial: Trial, step: int, stop_reason: str = "end_turn") -> Inter
         stop_reason=stop_reason,
         prompt_tokens=len(payload["prompt_ids"]),
         output_tokens=len(payload["output_ids"]),
-        integrity=Integrity.PUBLISHED,
-        eligibility=Eligibility.ELIGIBLE,
+        integrity=integrity,
+        eligibility=eligibility,
+        eligibility_reason=eligibility_reason,
         payload_sha256=obj.sha256,
         payload_size=obj.size,
     )
+
+
+def call_add(*, trial: Trial, step: int, stop_reason: str = "end_turn") -> Interaction:
+    """One published, eligible model call of ``trial`` whose tokens depend only on the
+    task's dataset position, the attempt number and the step (not on ids)."""
+    group = trial.group
+    seed = 1000 + 97 * group.position + 13 * trial.attempt + 7 * step
+    payload = {
+        "prompt_ids": [seed + i for i in range(6)],
+        "output_ids": [seed + 50 + i for i in range(4)],
+        "logprobs": [-2.0, -1.5, -2.5, -1.0],
+    }
+    return call_stored(trial=trial, payload=payload, stop_reason=stop_reason)
 
 
 def groups_play(

@@ -4,20 +4,16 @@ the attempts made."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from apps.objects.services import object_put
-from apps.proxy.models import Eligibility, Integrity, Interaction, ModelRoute
-from apps.proxy.routes import DEFAULT_ROUTE
+from apps.proxy.models import Eligibility, Integrity, Interaction
 from apps.runs.models import SamplingGroup, Trial
 from apps.training.evidence import group_attempts
 from apps.training.services import training_start
 from tests.factories import make_dataset_version
-from tests.training.learner_steps import submit_train
+from tests.training.learner_steps import call_stored, submit_train
 
 pytestmark = pytest.mark.django_db
 
@@ -32,23 +28,9 @@ def _call(
         "logprobs": [-0.5 - number],
         "agent_id": f"agent-{number}",
     }
-    obj = object_put(org=trial.run.org, data=json.dumps(payload).encode(), content_type="application/json")
-    return Interaction.objects.create(
-        org=trial.run.org,
-        principal_kind="credential",
-        run_id=trial.run_id,
-        trial_id=trial.id,
-        role="actor",
-        route=ModelRoute.objects.get(name=DEFAULT_ROUTE["name"]),
-        model_requested="qwen3-8b",
-        stop_reason="end_turn",
-        prompt_tokens=4,
-        output_tokens=1,
-        integrity=integrity,
-        eligibility=eligibility,
-        eligibility_reason="" if eligibility == Eligibility.ELIGIBLE else "fitted",
-        payload_sha256=obj.sha256,
-        payload_size=obj.size,
+    reason = "" if eligibility == Eligibility.ELIGIBLE else "fitted"
+    return call_stored(
+        trial=trial, payload=payload, integrity=integrity, eligibility=eligibility, eligibility_reason=reason
     )
 
 
