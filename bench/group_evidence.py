@@ -135,11 +135,41 @@ def one_by_one(*, group: Any) -> int:
     return count
 
 
+def memory(*, group: Any) -> dict[str, float]:
+    """Python's peak allocation (tracemalloc) while the group is read and packed, against
+    what every call's parsed payload takes when all are held at once (how the learner held
+    a group until its datums were built)."""
+    import tracemalloc
+
+    from apps.objects.services import objects_read_many
+    from apps.proxy.models import Interaction
+    from apps.training.evidence import group_attempts
+
+    sha256s = list(
+        Interaction.objects.filter(org_id=group.run.org_id, run_id=group.run_id, role="actor").values_list(
+            "payload_sha256", flat=True
+        )
+    )
+    tracemalloc.start()
+    try:
+        held = [json.loads(data) for data in objects_read_many(org=group.run.org, sha256s=sha256s).values()]
+        every_call, _ = tracemalloc.get_traced_memory()
+        del held
+        tracemalloc.reset_peak()
+        base, _ = tracemalloc.get_traced_memory()
+        attempts = group_attempts(group=group)
+        _, peak = tracemalloc.get_traced_memory()
+        del attempts
+    finally:
+        tracemalloc.stop()
+    return {"packed_peak_mb": round((peak - base) / 2**20, 1), "every_call_held_mb": round(every_call / 2**20, 1)}
+
+
 def measure(*, group: Any, rounds: int) -> dict[str, float]:
     from apps.training.evidence import group_attempts
 
     times: dict[str, list[float]] = {"batched": [], "one_by_one": []}
-    calls = sum(len(a.calls) for a in group_attempts(group=group))  # warm: clients, pools
+    calls = sum(a.call_count for a in group_attempts(group=group))  # warm: clients, pools
     assert one_by_one(group=group) == calls
     for index in range(rounds):
         order = ("batched", "one_by_one") if index % 2 == 0 else ("one_by_one", "batched")
@@ -200,6 +230,13 @@ def main() -> None:
             figures[f"{name}_batched_s"] = result["batched_s"]
             figures[f"{name}_one_by_one_s"] = result["one_by_one_s"]
             figures[f"{name}_speedup"] = round(result["one_by_one_s"] / result["batched_s"], 2)
+            if name == "file":
+                held = memory(group=group)
+                print(
+                    f"memory: reading and packing the group peaks at {held['packed_peak_mb']} MB of Python "
+                    f"allocations; holding every call's payload takes {held['every_call_held_mb']} MB"
+                )
+                figures.update(held)
     finally:
         server.kill()
     figures["load_average"] = [round(v, 2) for v in os.getloadavg()]

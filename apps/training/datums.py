@@ -21,7 +21,8 @@ run trained here and one trained by the cookbook see the same gradients:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 
@@ -33,16 +34,6 @@ class Call:
     output_ids: list[int]  # sampled ids, the stop token included when one was sampled
     logprobs: list[float]  # one per output id, under the distribution sampled from
     agent: str = ""  # "" for the main agent; a delegated agent's id otherwise
-
-
-@dataclass
-class Attempt:
-    """An assessed attempt with its calls (in the order they were made)."""
-
-    trial_id: str
-    reward: float | None
-    calls: list[Call]
-    problem: str = ""  # why it cannot be used, if it cannot ("" = usable so far)
 
 
 @dataclass
@@ -90,16 +81,107 @@ def call_problem(call: Call) -> str:
     return ""
 
 
+@dataclass
+class _Segment:
+    """One datum's tokens before its advantage is known: observation tokens (mask 0) and
+    sampled ones (mask 1, with the sampler's logprobs)."""
+
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[float] = field(default_factory=list)
+
+
+class Trajectory:
+    """One agent's calls, packed into datum segments as they are added.
+
+    A call whose prompt extends the open segment (previous prompt + sampled tokens) appends
+    only its new observation tokens; a broken prefix (history rewritten, compaction) opens
+    a new segment with the whole prompt as context. The calls themselves are not kept: an
+    attempt of n calls at long contexts holds its datums' tokens once, not every call's
+    whole prompt (which together grow with n squared: 100 calls at 100K tokens are 5M ids
+    per attempt, tens of millions per group). Advantages are applied when the datums are
+    built, once the group's rewards have qualified."""
+
+    def __init__(self) -> None:
+        self.segments: list[_Segment] = []
+
+    def add(self, call: Call) -> None:
+        prompt = call.prompt_ids
+        segment = self.segments[-1] if self.segments else None
+        if (
+            segment is not None
+            and len(prompt) >= len(segment.tokens)
+            and prompt[: len(segment.tokens)] == segment.tokens
+        ):
+            observation = prompt[len(segment.tokens) :]
+        else:
+            segment = _Segment()
+            self.segments.append(segment)
+            observation = prompt
+        segment.tokens += observation
+        segment.logprobs += [0.0] * len(observation)
+        segment.mask += [0.0] * len(observation)
+        segment.tokens += call.output_ids
+        segment.logprobs += [float(v) for v in call.logprobs]
+        segment.mask += [1.0] * len(call.output_ids)
+
+    def datums(self, *, trial_id: str, advantage: float) -> list[PackedDatum]:
+        """Each segment with something sampled as a right-shifted datum: sampled tokens
+        carry ``advantage``, observation tokens 0."""
+        return [
+            PackedDatum(
+                trial_id=trial_id,
+                input_ids=s.tokens[:-1],
+                target_ids=s.tokens[1:],
+                logprobs=s.logprobs[1:],
+                advantages=[advantage if m else 0.0 for m in s.mask[1:]],
+                mask=s.mask[1:],
+            )
+            for s in self.segments
+            if len(s.tokens) >= 2 and any(s.mask)
+        ]
+
+
+@dataclass
+class Attempt:
+    """An assessed attempt: its reward and its calls, packed per agent as they are added
+    (``calls`` given here are added in order)."""
+
+    trial_id: str
+    reward: float | None
+    calls: InitVar[Iterable[Call]] = ()
+    problem: str = ""  # why it cannot be used, if it cannot ("" = usable so far)
+    trajectories: dict[str, Trajectory] = field(default_factory=dict, init=False)  # by agent, first call first
+    call_count: int = field(default=0, init=False)
+
+    def __post_init__(self, calls: Iterable[Call]) -> None:
+        for call in calls:
+            self.add(call)
+
+    def add(self, call: Call) -> None:
+        """Pack the attempt's next call, or record why the attempt cannot be trained on; once
+        it cannot, later calls are not kept."""
+        if self.problem:
+            return
+        problem = call_problem(call)
+        if problem:
+            self.exclude(problem)
+            return
+        self.trajectories.setdefault(call.agent, Trajectory()).add(call)
+        self.call_count += 1
+
+    def exclude(self, problem: str) -> None:
+        self.problem = problem
+        self.trajectories.clear()  # never trained on: do not hold its tokens
+
+
 def attempt_qualify(attempt: Attempt) -> str:
-    """Why an attempt cannot be used ("" if it can)."""
+    """Why an attempt cannot be used ("" if it can). A call's own problem was recorded when
+    it was added."""
     if attempt.problem:
         return attempt.problem
     if attempt.reward is None or not math.isfinite(attempt.reward):
         return "no finite reward"
-    for call in attempt.calls:
-        problem = call_problem(call)
-        if problem:
-            return problem
     return ""
 
 
@@ -111,57 +193,21 @@ def group_advantages(rewards: list[float]) -> list[float]:
     return [r - mean for r in rewards]
 
 
-def trajectory_datums(*, trial_id: str, calls: list[Call], advantage: float) -> list[PackedDatum]:
+def trajectory_datums(*, trial_id: str, calls: Iterable[Call], advantage: float) -> list[PackedDatum]:
     """Pack one agent's calls into datums (prefix-extending calls share a datum)."""
-    datums: list[PackedDatum] = []
-    tokens: list[int] = []
-    logprobs: list[float] = []
-    advantages: list[float] = []
-    mask: list[float] = []
-
-    def flush() -> None:
-        if len(tokens) >= 2 and any(mask):
-            datums.append(
-                PackedDatum(
-                    trial_id=trial_id,
-                    input_ids=tokens[:-1],
-                    target_ids=tokens[1:],
-                    logprobs=logprobs[1:],
-                    advantages=advantages[1:],
-                    mask=mask[1:],
-                )
-            )
-
+    trajectory = Trajectory()
     for call in calls:
-        prompt = call.prompt_ids
-        if tokens and len(prompt) >= len(tokens) and prompt[: len(tokens)] == tokens:
-            observation = prompt[len(tokens) :]
-        else:
-            flush()
-            tokens, logprobs, advantages, mask = [], [], [], []
-            observation = prompt
-        tokens.extend(observation)
-        logprobs.extend([0.0] * len(observation))
-        advantages.extend([0.0] * len(observation))
-        mask.extend([0.0] * len(observation))
-        tokens.extend(call.output_ids)
-        logprobs.extend(float(v) for v in call.logprobs)
-        advantages.extend([advantage] * len(call.output_ids))
-        mask.extend([1.0] * len(call.output_ids))
-    flush()
-    return datums
+        trajectory.add(call)
+    return trajectory.datums(trial_id=trial_id, advantage=advantage)
 
 
 def attempt_datums(*, attempt: Attempt, advantage: float) -> list[PackedDatum]:
     """Every agent of the attempt (main first, then subagents by first call) as datums,
     all carrying the attempt's advantage."""
-    by_agent: dict[str, list[Call]] = {}
-    for call in attempt.calls:
-        by_agent.setdefault(call.agent, []).append(call)
     out: list[PackedDatum] = []
     # Main agent first; subagents in order of their first call (the sort is stable).
-    for agent in sorted(by_agent, key=lambda a: a != ""):
-        out.extend(trajectory_datums(trial_id=attempt.trial_id, calls=by_agent[agent], advantage=advantage))
+    for agent in sorted(attempt.trajectories, key=lambda a: a != ""):
+        out.extend(attempt.trajectories[agent].datums(trial_id=attempt.trial_id, advantage=advantage))
     return out
 
 

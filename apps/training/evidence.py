@@ -3,6 +3,7 @@ payloads of its captured model calls (published evidence only)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -35,29 +36,36 @@ def _payload(interaction: Interaction) -> dict[str, Any]:
 READ_BATCH = 64
 
 
-def _payloads(interactions: list[Interaction]) -> list[dict[str, Any]]:
-    """The token payloads of ``interactions``, in order. The published ones are read
-    together, READ_BATCH at a time (one statement for their references, the reads in
-    parallel): a group's attempts make tens to hundreds of model calls each, and one round
-    trip per call to the database and one to the object store, one after the other, put
-    minutes on the learner's path with real attempts. Calls not published yet are
-    published first, one by one, as before. Parsed by orjson: a payload holds the call's
-    whole prompt as ids (tens of thousands of numbers), which it parses about three times
-    faster than json, to the same values (floats included: both round-trip exactly)."""
-    payloads: list[dict[str, Any]] = []
+def _payloads(interactions: list[Interaction]) -> Iterator[dict[str, Any]]:
+    """The token payloads of ``interactions``, in order, parsed one at a time as they are
+    taken. The published ones are read together, READ_BATCH at a time (one statement for
+    their references, the reads in parallel): a group's attempts make tens to hundreds of
+    model calls each, and one round trip per call to the database and one to the object
+    store, one after the other, put minutes on the learner's path with real attempts. Calls
+    not published yet are published first, one by one, as before. Parsed by orjson: a
+    payload holds the call's whole prompt as ids (tens of thousands of numbers), which it
+    parses about three times faster than json, to the same values (floats included: both
+    round-trip exactly)."""
     for start in range(0, len(interactions), READ_BATCH):
         batch = interactions[start : start + READ_BATCH]
         published = [i.payload_sha256 for i in batch if i.integrity == Integrity.VERIFIED]
         data = objects_read_many(org=batch[0].org, sha256s=published) if published else {}
-        payloads += [
-            orjson.loads(data[i.payload_sha256]) if i.integrity == Integrity.VERIFIED else _payload(i) for i in batch
-        ]
-    return payloads
+        for interaction in batch:
+            if interaction.integrity == Integrity.VERIFIED:
+                yield orjson.loads(data[interaction.payload_sha256])
+            else:
+                yield _payload(interaction)
 
 
 def group_attempts(*, group: SamplingGroup) -> list[Attempt]:
-    """The group's attempts with their rewards and captured calls, in call order. With
-    ``plan.exclude_truncated``, an attempt with a response cut at max_tokens is left out."""
+    """The group's attempts with their rewards and captured calls, packed in call order.
+    With ``plan.exclude_truncated``, an attempt with a response cut at max_tokens is left
+    out. An attempt already known to be unusable (it did not succeed, or a call of it
+    cannot be trained on) is not read at all.
+
+    Each payload is packed into its attempt's datums as it is read and then dropped: a
+    call's payload holds its whole prompt, so holding every call of a group until the
+    datums are built would take memory in the square of an attempt's length."""
     exclude_truncated = bool(group.run.spec.plan.get("exclude_truncated"))
     trials = list(group.trials.order_by("attempt"))
     calls: dict[str, list[Interaction]] = {t.id: [] for t in trials}
@@ -71,22 +79,22 @@ def group_attempts(*, group: SamplingGroup) -> list[Attempt]:
     attempts: list[Attempt] = []
     trained: list[tuple[Attempt, Interaction]] = []  # the calls whose payloads are read
     for trial in trials:
-        attempt = Attempt(trial_id=trial.id, reward=trial.reward, calls=[])
-        if trial.status != TrialStatus.SUCCEEDED:
-            attempt.problem = f"attempt {trial.status}"
+        attempt = Attempt(trial_id=trial.id, reward=trial.reward)
+        attempts.append(attempt)
+        problem = "" if trial.status == TrialStatus.SUCCEEDED else f"attempt {trial.status}"
         for interaction in calls[trial.id]:
-            if attempt.problem:
+            if problem:
                 break
             if exclude_truncated and interaction.stop_reason == TRUNCATED_STOP:
-                attempt.problem = TRUNCATED
-                break
-            if interaction.eligibility != Eligibility.ELIGIBLE:
-                attempt.problem = f"a model call is not trainable ({interaction.eligibility_reason or 'unsettled'})"
-                break
-            trained.append((attempt, interaction))
-        attempts.append(attempt)
+                problem = TRUNCATED
+            elif interaction.eligibility != Eligibility.ELIGIBLE:
+                problem = f"a model call is not trainable ({interaction.eligibility_reason or 'unsettled'})"
+        if problem:
+            attempt.exclude(problem)
+        else:
+            trained += [(attempt, interaction) for interaction in calls[trial.id]]
     for (attempt, _), payload in zip(trained, _payloads([i for _, i in trained]), strict=True):
-        attempt.calls.append(
+        attempt.add(
             Call(
                 prompt_ids=payload["prompt_ids"],
                 output_ids=payload["output_ids"],
