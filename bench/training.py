@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -55,38 +56,47 @@ def attempt_calls(*, rng: random.Random, turns: int, start_tokens: int, turn_tok
     return calls
 
 
-def group(*, attempts: int, turns: int, start_tokens: int, seed: int = 0):
-    from apps.training.datums import Attempt
-
+def group_calls(*, attempts: int, turns: int, start_tokens: int, seed: int = 0) -> list[tuple[str, float, list[Any]]]:
+    """(trial id, reward, calls) of each attempt of a group."""
     rng = random.Random(seed)
     return [
-        Attempt(
-            trial_id=f"t{i}",
-            reward=float(i % 2) * 0.5 + rng.random() * 0.5,
-            calls=attempt_calls(rng=rng, turns=turns, start_tokens=start_tokens, turn_tokens=200, result_tokens=400),
+        (
+            f"t{i}",
+            float(i % 2) * 0.5 + rng.random() * 0.5,
+            attempt_calls(rng=rng, turns=turns, start_tokens=start_tokens, turn_tokens=200, result_tokens=400),
         )
         for i in range(attempts)
     ]
 
 
-def bench_packing(args: argparse.Namespace) -> None:
-    from apps.training.datums import group_prepare
+def group(*, attempts: int, turns: int, start_tokens: int, seed: int = 0):
+    from apps.training.datums import Attempt
 
-    attempts = group(attempts=args.attempts, turns=args.turns, start_tokens=args.start_tokens)
+    return [
+        Attempt(trial_id=trial_id, reward=reward, calls=calls)
+        for trial_id, reward, calls in group_calls(attempts=attempts, turns=turns, start_tokens=start_tokens, seed=seed)
+    ]
+
+
+def bench_packing(args: argparse.Namespace) -> None:
+    """Packing a group: its calls added to their attempts (each packed as it comes, as the
+    learner reads them), then qualification, advantages and the datums."""
+    from apps.training.datums import Attempt, group_prepare
+
+    raw = group_calls(attempts=args.attempts, turns=args.turns, start_tokens=args.start_tokens)
     times = []
     for _ in range(args.repeat):
         t0 = time.perf_counter()
+        attempts = [Attempt(trial_id=trial_id, reward=reward, calls=calls) for trial_id, reward, calls in raw]
         data = group_prepare(group_id="g", attempts=attempts, min_valid=2, require_variance=True)
         times.append(time.perf_counter() - t0)
     merged = sum(len(d.input_ids) for d in data.datums)
-    trained = {a.trial_id for a in attempts if data.advantages.get(a.trial_id)}
-    per_call = sum(
-        len(c.prompt_ids) + len(c.output_ids) - 1 for a in attempts if a.trial_id in trained for c in a.calls
-    )
-    calls = sum(len(a.calls) for a in attempts if a.trial_id in trained)
+    trained = [calls for trial_id, _, calls in raw if data.advantages.get(trial_id)]
+    per_call = sum(len(c.prompt_ids) + len(c.output_ids) - 1 for calls in trained for c in calls)
+    calls = sum(len(calls) for calls in trained)
     print(
-        f"packing: {len(attempts)} attempts x {args.turns} calls, prompts {args.start_tokens} -> "
-        f"{len(attempts[0].calls[-1].prompt_ids)} tokens: p50 {statistics.median(times) * 1000:.1f} ms per group"
+        f"packing: {len(raw)} attempts x {args.turns} calls, prompts {args.start_tokens} -> "
+        f"{len(raw[0][2][-1].prompt_ids)} tokens: p50 {statistics.median(times) * 1000:.1f} ms per group"
     )
     print(
         f"packing: {calls} calls -> {len(data.datums)} datums; tokens sent {merged:,} merged vs {per_call:,} "

@@ -145,11 +145,11 @@ class Trajectory:
 @dataclass
 class Attempt:
     """An assessed attempt: its reward and its calls, packed per agent as they are added
-    (``calls`` given here are added in order)."""
+    (``calls`` given here first, in order; the calls themselves are not kept)."""
 
     trial_id: str
     reward: float | None
-    calls: InitVar[Iterable[Call]] = ()
+    calls: InitVar[Iterable[Call]]  # no default: a default would be readable as Attempt.calls
     problem: str = ""  # why it cannot be used, if it cannot ("" = usable so far)
     trajectories: dict[str, Trajectory] = field(default_factory=dict, init=False)  # by agent, first call first
     call_count: int = field(default=0, init=False)

@@ -79,7 +79,7 @@ def group_attempts(*, group: SamplingGroup) -> list[Attempt]:
     attempts: list[Attempt] = []
     trained: list[tuple[Attempt, Interaction]] = []  # the calls whose payloads are read
     for trial in trials:
-        attempt = Attempt(trial_id=trial.id, reward=trial.reward)
+        attempt = Attempt(trial_id=trial.id, reward=trial.reward, calls=())
         attempts.append(attempt)
         problem = "" if trial.status == TrialStatus.SUCCEEDED else f"attempt {trial.status}"
         for interaction in calls[trial.id]:
