@@ -61,6 +61,8 @@ def test_proxy_overhead_prints_figures() -> None:
     assert "prepare: hit" in out and "cold/hit" in out
     assert "prompt tokens: first call" in out
     assert "per call, prepare + parse, all sizes: with prefix cache p50" in out
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert figures["tools"] == 24 and figures["tools_json_ms"] > 0 and figures["tools_memo_ms"] > 0
 
 
 def test_proxy_load_prints_figures() -> None:

@@ -77,6 +77,7 @@ from typing import Any
 
 from apps.proxy.adapters.base import ParsedOutput
 from apps.proxy.adapters.messages import to_chat_messages
+from apps.proxy.adapters.render_cache import rendered_by_value
 from apps.proxy.adapters.template_base import (
     Chunk,
     TemplateAdapter,
@@ -119,6 +120,7 @@ TOOLS_FOOTER = (
 _FENCED_ARGS = re.compile(r"\A\s*```(?:json)?[ \t]*\n?(.*?)\n?[ \t]*```\s*\Z", re.DOTALL)
 
 
+@rendered_by_value
 def tools_section(tools: list[dict[str, Any]], *, footer: str = TOOLS_FOOTER) -> str:
     """The tool list of the system prompt; ``footer`` states the call syntax of the version."""
     parts = [TOOLS_HEADER]

@@ -52,6 +52,7 @@ from typing import Any
 
 from apps.proxy.adapters.base import ParsedOutput
 from apps.proxy.adapters.messages import thinking_enabled, to_chat_messages
+from apps.proxy.adapters.render_cache import rendered_by_value
 from apps.proxy.adapters.template_base import (
     Chunk,
     TemplateAdapter,
@@ -88,6 +89,12 @@ _ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re
 
 def tojson(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
+
+
+@rendered_by_value
+def tool_lines(tools: list[dict[str, Any]]) -> str:
+    """The tools of the system turn: a line of `tojson` each."""
+    return "".join(tojson(tool) + "\n" for tool in tools)
 
 
 def tool_calls_text(calls: list[dict[str, Any]]) -> str:
@@ -165,7 +172,7 @@ class GlmAdapter(TemplateAdapter):
         nothink = not thinking_enabled(request, self.thinking_when_unspecified)
         head = PREFIX
         if tools:
-            head += SYSTEM + TOOLS_PREAMBLE + "".join(tojson(t) + "\n" for t in tools) + TOOLS_POSTAMBLE
+            head += SYSTEM + TOOLS_PREAMBLE + tool_lines(tools) + TOOLS_POSTAMBLE
         chunks: list[Chunk] = [head]
         last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
         for index, m in enumerate(messages):

@@ -52,6 +52,7 @@ from typing import Any
 
 from apps.proxy.adapters.base import ParsedOutput
 from apps.proxy.adapters.messages import to_chat_messages
+from apps.proxy.adapters.render_cache import rendered_by_value
 from apps.proxy.adapters.template_base import (
     Chunk,
     TemplateAdapter,
@@ -89,6 +90,7 @@ def deep_sorted(value: Any) -> Any:
     return value
 
 
+@rendered_by_value
 def tool_declaration(tools: list[dict[str, Any]]) -> str:
     return json.dumps(deep_sorted(tools), ensure_ascii=False, separators=(",", ":"))
 

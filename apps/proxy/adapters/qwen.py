@@ -40,7 +40,7 @@ from typing import Any
 
 from apps.proxy.adapters.base import ParsedOutput
 from apps.proxy.adapters.messages import thinking_enabled, to_chat_messages
-from apps.proxy.adapters.render_cache import SampledTurnMemo
+from apps.proxy.adapters.render_cache import SampledTurnMemo, rendered_by_value
 from apps.proxy.adapters.template_base import (
     Chunk,
     Splice,
@@ -73,6 +73,12 @@ TOOLS_POSTAMBLE = (
 def tojson(value: Any) -> str:
     """The templates' `tojson` as transformers defines it: no HTML escaping, key order kept."""
     return json.dumps(value, ensure_ascii=False)
+
+
+@rendered_by_value
+def tool_lines(tools: list[dict[str, Any]]) -> str:
+    """The tools of the system turn: a line of `tojson` each."""
+    return "".join("\n" + tojson(tool) for tool in tools)
 
 
 class _QwenBase(TemplateAdapter):
@@ -298,10 +304,7 @@ class Qwen3Adapter(_QwenBase):
             head = [IM_START, "system\n"]
             if first_is_system:
                 head += [messages[0]["content"], "\n\n"]
-            head.append(TOOLS_PREAMBLE)
-            for tool in tools:
-                head += ["\n", tojson(tool)]
-            head.append(TOOLS_POSTAMBLE)
+            head += [TOOLS_PREAMBLE, tool_lines(tools), TOOLS_POSTAMBLE]
             chunks.append("".join(head))
         elif first_is_system:
             chunks.append(IM_START + "system\n" + messages[0]["content"] + IM_END + "\n")
@@ -367,10 +370,7 @@ class Qwen25Adapter(_QwenBase):
         first_is_system = bool(messages) and messages[0]["role"] == "system"
         system = messages[0]["content"] if first_is_system else QWEN25_DEFAULT_SYSTEM
         if tools:
-            head = [IM_START, "system\n", system, "\n\n", TOOLS_PREAMBLE]
-            for tool in tools:
-                head += ["\n", tojson(tool)]
-            head.append(TOOLS_POSTAMBLE)
+            head = [IM_START, "system\n", system, "\n\n", TOOLS_PREAMBLE, tool_lines(tools), TOOLS_POSTAMBLE]
             chunks.append("".join(head))
         else:
             chunks.append(IM_START + "system\n" + system + IM_END + "\n")

@@ -1,4 +1,4 @@
-"""The two caches every template adapter keeps: chunk ids and sampled turns.
+"""The caches of the template adapters: chunk ids, sampled turns, rendered tool lists.
 
 An adapter renders its family's chat template as a list of *chunks*: strings that each begin
 at an added (special) token of the tokenizer. A `tokenizers` tokenizer splits its input on
@@ -18,15 +18,29 @@ cheap and exact:
 
 Both are per adapter instance (one per family and process, see registry.py), bounded and
 thread-safe: adapters run in the proxy's worker pool.
+
+- `rendered_by_value`: an agent harness sends the same tools on every call of a session
+  (Claude Code: about 24, 64 KB of JSON), and each family's template writes them into the
+  system turn with Python's json on every call, before the chunk ids can be reused. orjson
+  writes the same value about ten times faster: its bytes key the text the template wrote,
+  so only a tool list not seen lately is written json's way. The key is exact: orjson writes
+  distinct values distinctly (1, 1.0 and true; key order; -0.0; each float by its shortest
+  round trip), and a value it cannot write (an integer beyond 64 bits, a non-string key) is
+  rendered without the memo. Per renderer and process, bounded, thread-safe.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+from cachetools import LRUCache
 
 
 class ChunkIdsCache:
@@ -88,3 +102,31 @@ class SampledTurnMemo:
 
     def __len__(self) -> int:
         return len(self._data)
+
+
+# Characters of rendered text kept per renderer (each entry's key, in bytes, is about as large again).
+MEMO_TEXT_BYTES = 8 * 2**20
+
+
+def rendered_by_value(render: Callable[..., str]) -> Callable[..., str]:
+    """``render(value, **options)`` memoized on the exact JSON value of its arguments.
+    Thread-safe: the proxy renders on its worker pool."""
+    cache: LRUCache[bytes, str] = LRUCache(maxsize=MEMO_TEXT_BYTES, getsizeof=len)
+    lock = threading.Lock()
+
+    @functools.wraps(render)
+    def memoized(value: Any, **options: Any) -> str:
+        try:
+            key = orjson.dumps([value, options])
+        except orjson.JSONEncodeError:
+            return render(value, **options)
+        with lock:
+            text = cache.get(key)
+        if text is None:
+            text = render(value, **options)
+            if len(text) <= MEMO_TEXT_BYTES:
+                with lock:
+                    cache[key] = text
+        return text
+
+    return memoized
