@@ -20,6 +20,7 @@ parallel reads. Prints figures, asserts nothing; the last line is one JSON objec
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -93,8 +94,6 @@ def group_make(*, org: Any, attempts: int, calls: int, prompt_tokens: int) -> An
             prompt = prompt + output + [rng.randrange(1, 150_000) for _ in range(100)]  # the next call's prompt
     stored = objects_put_many(org=org, blobs=[data for _, data in payloads])
     route = ModelRoute.objects.get(name=DEFAULT_ROUTE["name"])
-    import hashlib
-
     Interaction.objects.bulk_create(
         [
             Interaction(

@@ -21,6 +21,7 @@ picks the configured one.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import os
 import threading
@@ -171,22 +172,26 @@ class ObjectStore(ABC):
             results = [future.result() for future in futures]
         return {sha256: result for (sha256, _), result in zip(items, results, strict=True)}
 
+    def read_verified(self, *, sha256: str, size: int) -> bytes:
+        """All bytes of an object, checked against its size and digest (cheap once they are
+        in memory); ObjectCorrupt if they do not match."""
+        with self.open(sha256=sha256) as stream:
+            data = stream.read()
+        if len(data) != size or hashlib.sha256(data).hexdigest() != sha256:
+            raise ObjectCorrupt(f"{object_key(sha256)} does not match its digest in the object store")
+        return data
+
     def read_many(self, *, sizes: Mapping[str, int]) -> dict[str, bytes]:
-        """The bytes of each object (by sha256, with the size its reference records), each
-        checked against its digest; read from a few threads (a learner reads every model
-        call of a group: hundreds of small objects, each a round trip to the store). The
-        first failure is raised once every read has ended."""
-
-        def one(sha256: str) -> bytes:
-            with self.open(sha256=sha256) as stream:
-                data = stream.read()
-            if len(data) != sizes[sha256] or hashlib.sha256(data).hexdigest() != sha256:
-                raise ObjectCorrupt(f"{object_key(sha256)} does not match its digest in the object store")
-            return data
-
+        """``read_verified`` of each object (by sha256, with the size its reference records),
+        from a few threads (a learner reads every model call of a group: hundreds of small
+        objects, each a round trip to the store). The first failure is raised once every
+        read has ended."""
         if len(sizes) <= 1:
-            return {sha256: one(sha256) for sha256 in sizes}
-        futures = {sha256: _writers_pool().submit(one, sha256) for sha256 in sizes}
+            return {sha256: self.read_verified(sha256=sha256, size=size) for sha256, size in sizes.items()}
+        futures = {
+            sha256: _writers_pool().submit(functools.partial(self.read_verified, sha256=sha256, size=size))
+            for sha256, size in sizes.items()
+        }
         wait(futures.values())
         return {sha256: future.result() for sha256, future in futures.items()}
 

@@ -25,7 +25,7 @@ from django.utils import timezone
 from apps.accounts.models import Organization
 from apps.core.bulk import rows_copy
 from apps.core.errors import Forbidden, NotFound, ValidationFailed
-from apps.objects.contract import MAX_OBJECT_SIZE, ObjectCorrupt, PresignedRequest, PutResult
+from apps.objects.contract import MAX_OBJECT_SIZE, PresignedRequest, PutResult
 from apps.objects.filesystem import FileSystemStore, token_load
 from apps.objects.models import StoredObject, UploadGrant
 from apps.objects.selectors import object_get
@@ -113,11 +113,7 @@ def object_open(*, obj: StoredObject) -> IO[bytes]:
 
 def object_read(*, obj: StoredObject) -> bytes:
     """All bytes of an object, checked against its digest (cheap once they are in memory)."""
-    with object_open(obj=obj) as stream:
-        data = stream.read()
-    if len(data) != obj.size or hashlib.sha256(data).hexdigest() != obj.sha256:
-        raise ObjectCorrupt(f"{obj.key} does not match its digest in the object store")
-    return data
+    return store_get().read_verified(sha256=obj.sha256, size=obj.size)
 
 
 def objects_read(*, objs: Sequence[StoredObject]) -> dict[str, bytes]:
