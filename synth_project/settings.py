@@ -175,6 +175,18 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
+# Statements a process runs over and over on a hot path (event appends; see
+# apps.core.bulk.bound_cursor) are prepared once per connection and then only executed:
+# PostgreSQL parses and plans them once. At one event append per transaction that was about
+# a third more appends per second (bench/control_plane.py). Django's own queries bind on the
+# client and are never prepared. Behind a pooler in transaction mode, the pooler must track
+# prepared statements (PgBouncer 1.21 or later, max_prepared_statements above 0) or this
+# must be off.
+SYNTH_DB_PREPARED_STATEMENTS = env_bool("SYNTH_DB_PREPARED_STATEMENTS", True)
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and SYNTH_DB_PREPARED_STATEMENTS:
+    # Django sets psycopg's threshold to None (nothing is ever prepared) unless OPTIONS gives
+    # one. Only bound_cursor's statements ask for preparation; the number is psycopg's default.
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # SQLite serves the embedded default: one writer at a time, so wait for the lock
     # rather than fail, and use WAL so that readers (event followers) never block writers.

@@ -1,5 +1,6 @@
 """New rows written without the ORM's per-row machinery: many of one model at once (by
-COPY on PostgreSQL, by bulk_create elsewhere), or one row on a hot path (`row_insert`).
+COPY on PostgreSQL, by bulk_create elsewhere), one row on a hot path (`row_insert`), or a
+hot path's own statement (`bound_cursor`).
 
 Django's bulk_create on PostgreSQL sends each batch as INSERT ... SELECT * FROM UNNEST(...),
 whose arrays psycopg quotes in Python, value by value: for the 10,000 task versions of a
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+from django.conf import settings
 from django.db import IntegrityError, connection, models, transaction
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 
@@ -66,6 +68,40 @@ class _UnpreparedCursor(psycopg.Cursor[Any]):
         return super().execute(query, params, prepare=False, binary=binary)
 
 
+class _PreparedCursor(psycopg.Cursor[Any]):
+    """Server-side binding, each statement prepared on its connection's first execution of
+    it and only executed after (settings.SYNTH_DB_PREPARED_STATEMENTS)."""
+
+    def execute(
+        self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None
+    ) -> Any:
+        return super().execute(query, params, prepare=True, binary=binary)
+
+    def _convert_query(self, query: Any, params: Any = None) -> Any:
+        # psycopg keeps the statement it sent for Django's query log (last_executed_query)
+        # only when it sends the text, not when it executes a prepared one by name.
+        converted = super()._convert_query(query, params)
+        self._query = converted
+        return converted
+
+
+def bound_cursor(*, prepared: bool) -> CursorWrapper:
+    """A cursor on this thread's PostgreSQL connection that sends its values as parameters
+    (server-side binding; Django's cursors quote them into the statement's text), in Django's
+    wrapper all the same: its execute wrappers, query log and error translation (a unique
+    violation into IntegrityError) apply as to any query. Use it as a context manager.
+
+    ``prepared``: for a statement a process runs over and over (an event append): PostgreSQL
+    parses and plans it once per connection instead of on every execution. It takes effect
+    only with settings.SYNTH_DB_PREPARED_STATEMENTS, which a pooler that does not track
+    prepared statements needs off."""
+    connection.ensure_connection()
+    cursor_class = _PreparedCursor if prepared and settings.SYNTH_DB_PREPARED_STATEMENTS else _UnpreparedCursor
+    # What connection.cursor() makes around its own cursor (connection.make_cursor).
+    wrapper = CursorDebugWrapper if connection.queries_logged else CursorWrapper
+    return wrapper(cursor_class(connection.connection), connection)
+
+
 @functools.cache
 def _insert_statement(model: type[models.Model]) -> tuple[str, tuple[models.Field, ...]]:
     opts = model._meta
@@ -91,13 +127,6 @@ def row_insert(*, obj: models.Model) -> None:
         return
     statement, fields = _insert_statement(model)
     values = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
-    connection.ensure_connection()
-    # A cursor of psycopg's default class on the same connection (Django's is the client-side
-    # binding one), in Django's wrapper all the same: its execute wrappers, query log and
-    # error translation (a unique violation into IntegrityError) apply as to any query.
-    raw = _UnpreparedCursor(connection.connection)
-    # What connection.cursor() makes around its own cursor (connection.make_cursor).
-    wrapper = CursorDebugWrapper if connection.queries_logged else CursorWrapper
-    with wrapper(raw, connection) as cursor:
+    with bound_cursor(prepared=False) as cursor:
         cursor.execute(statement, values)
     obj._state.adding, obj._state.db = False, connection.alias

@@ -142,3 +142,51 @@ def test_a_row_insert_writes_the_row_save_writes_visibly_to_django() -> None:
     )
     with pytest.raises(IntegrityError), transaction.atomic():
         row_insert(obj=_interaction(id=mine.pk))
+
+
+def _prepared(marker: str) -> list[str]:
+    """The statements this connection has prepared on the server whose text holds ``marker``."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements WHERE statement LIKE %s", [f"%{marker}%"])
+        return [row[0] for row in cursor.fetchall()]
+
+
+@pytest.mark.parametrize("setting", [True, False])
+def test_a_bound_cursor_prepares_only_when_asked_and_allowed(settings, setting: bool) -> None:
+    """A statement is prepared on its connection when the caller asks and the deployment
+    allows it (a pooler that does not track prepared statements needs them off); its values
+    go as parameters either way, and the answers are the same."""
+    from apps.core.bulk import bound_cursor
+
+    if connection.vendor != "postgresql":
+        pytest.skip("bound cursors are PostgreSQL's")
+    settings.SYNTH_DB_PREPARED_STATEMENTS = setting
+    marker = f"bound_probe_{'on' if setting else 'off'}"
+    answers = []
+    for prepared in (False, True, True):
+        with bound_cursor(prepared=prepared) as cursor:
+            cursor.execute(f"SELECT %s::int + 1 AS {marker}_{prepared}", [len(answers)])
+            answers.append(cursor.fetchone()[0])
+    assert answers == [1, 2, 3]
+    assert not _prepared(f"{marker}_False")  # never asked
+    assert len(_prepared(f"{marker}_True")) == (1 if setting else 0)  # once for its two executions
+
+
+def test_a_prepared_statement_works_on_after_a_rollback_forgets_it() -> None:
+    """A rolled-back savepoint makes psycopg drop what it prepared (the server may have lost
+    it): the next execution prepares the statement again instead of failing."""
+    from django.db import DatabaseError
+
+    from apps.core.bulk import bound_cursor
+
+    if connection.vendor != "postgresql":
+        pytest.skip("bound cursors are PostgreSQL's")
+    statement = "SELECT %s::int * 2 AS bound_probe_rollback"
+    with bound_cursor(prepared=True) as cursor:
+        cursor.execute(statement, [1])
+    with pytest.raises(DatabaseError), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT 1 / 0")
+    with bound_cursor(prepared=True) as cursor:
+        cursor.execute(statement, [21])
+        assert cursor.fetchone()[0] == 42
+    assert len(_prepared("bound_probe_rollback")) == 1

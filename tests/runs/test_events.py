@@ -154,6 +154,18 @@ def test_an_append_is_one_statement_on_postgresql(alice, inputs):
     assert len(single.captured_queries) == 1
     assert len(burst.captured_queries) == 1
     assert RunEvent.objects.filter(run_id=run_id).count() == 102
+    # Both statements are prepared on the connection: more appends parse and plan nothing.
+    with transaction.atomic():
+        for n in range(3):
+            event_append(run_id=run_id, type="progress.tick", data={"i": n})
+            events_append(run_id=run_id, events=[("progress.tick", {"i": n})] * 2)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements WHERE statement LIKE '%%runs_runevent%%'")
+        prepared = [row[0] for row in cursor.fetchall()]
+    assert len(prepared) == 2 and sum("unnest" in statement for statement in prepared) == 1, prepared
+    assert list(RunEvent.objects.filter(run_id=run_id).order_by("seq").values_list("seq", flat=True)) == list(
+        range(1, 112)
+    )
 
 
 @pytest.mark.django_db
