@@ -3,8 +3,12 @@
 An agent's calls grow append-only most of the time: call k+1 renders everything call k
 rendered, plus the assistant turn it sampled and the tool results that came back. The
 cache keeps, per conversation, the rendered text of the previous call's prompt up to the
-end of its last completed assistant turn, and the token ids of exactly that text. A new
-call reuses them only when
+end of its last complete turn (the turn before the generation prompt: most often the tool
+results), and the token ids of exactly that text; so each tool result is tokenized once,
+not again as part of the next call's suffix. Should the next call render that last turn
+otherwise (a template that merges consecutive tool results into one turn, a harness that
+rewrites its latest message), the entry's shorter cut is tried: the end of the last
+completed assistant turn. A new call reuses a cut only when
 
 1. its rendered text starts with exactly the cached text (so nothing before it changed:
    a template that drops past reasoning, a compaction, a context edit all fail this), and
@@ -65,6 +69,9 @@ CacheKey = tuple[str, ...]
 class _Entry:
     text: str
     ids: array
+    # The shorter cut, at the end of the last completed assistant turn: (characters of
+    # text, ids), or None when it is the whole entry or absent.
+    fallback: tuple[int, int] | None = None
 
     @property
     def size(self) -> int:
@@ -125,9 +132,16 @@ class PrefixCache:
             entry = self._entries.get(key)
             if entry is not None:
                 self._entries.move_to_end(key)
-        if entry is not None and len(entry.text) <= len(text) and text.startswith(entry.text):
-            self.hits += 1
-            return Tokenized(ids=entry.ids.tolist() + encode_suffix(text[len(entry.text) :]), reused=len(entry.ids))
+        if entry is not None:
+            cut = None
+            if text.startswith(entry.text):
+                cut = (len(entry.text), len(entry.ids))
+            elif entry.fallback is not None and text.startswith(entry.text[: entry.fallback[0]]):
+                cut = entry.fallback
+            if cut is not None:
+                self.hits += 1
+                chars, count = cut
+                return Tokenized(ids=entry.ids[:count].tolist() + encode_suffix(text[chars:]), reused=count)
         self.misses += 1
         return Tokenized(ids=full(), reused=0)
 
@@ -141,39 +155,59 @@ class PrefixCache:
         turn_end_id: int | None,
         separator_ids: list[int],
     ) -> None:
-        """Keep `text` up to its last completed assistant turn, with the ids of exactly that.
+        """Keep `text` up to its last complete turn, with the ids of exactly that, and where
+        the last completed assistant turn ends in both (the fallback cut).
 
-        The ids of the prefix are found without tokenizing again: the prefix ends with its
+        The ids of a cut are found without tokenizing again: the text before it ends with its
         n-th turn-end token (+ separator), so its ids end at the n-th occurrence of that
         token's id (+ the separator's ids). Added tokens are matched wherever their text
         appears, in templates and content alike, so text occurrences and id occurrences
-        correspond one to one; anything that does not line up is simply not cached.
+        correspond one to one; a cut that does not line up is simply not cached.
         """
         markers = TURN_MARKERS.get(family)
         if markers is None or turn_end_id is None:
             return
         assistant_open, turn_end, separator = markers
-        boundary = assistant_boundary(text, assistant_open=assistant_open, turn_end=turn_end, separator=separator)
-        if boundary is None:
+        last_turn = text.rfind(turn_end)
+        if last_turn < 0:
             return
-        prefix = text[:boundary]
-        wanted = prefix.count(turn_end)
-        # Find the wanted-th turn-end id counting from the start by walking from the end:
-        # the boundary sits near the end of long prompts, and list.count/index run in C
-        # (a Python loop over 100K ids cost about 5 ms per call).
-        after = ids.count(turn_end_id) - wanted
-        if wanted == 0 or after < 0:
-            return
+        last_turn += len(turn_end)
+        if text.startswith(separator, last_turn):
+            last_turn += len(separator)
+        assistant = assistant_boundary(text, assistant_open=assistant_open, turn_end=turn_end, separator=separator)
+        # The turn-end ids from the end: the cuts sit near the end of long prompts, and
+        # list.count/index run in C (a Python loop over 100K ids cost about 5 ms per call).
         reverse = ids[::-1]
-        position = -1
-        for _ in range(after + 1):
-            position = reverse.index(turn_end_id, position + 1)
-        cut = len(ids) - position
-        if prefix.endswith(turn_end + separator) and separator:
-            if ids[cut : cut + len(separator_ids)] != separator_ids:
-                return  # the separator merged with what follows: not a clean boundary
-            cut += len(separator_ids)
-        entry = _Entry(text=prefix, ids=array("I", ids[:cut]))
+        total = ids.count(turn_end_id)
+
+        def ids_cut(boundary: int) -> int | None:
+            wanted = text.count(turn_end, 0, boundary)
+            after = total - wanted
+            if wanted == 0 or after < 0:
+                return None
+            position = -1
+            for _ in range(after + 1):
+                position = reverse.index(turn_end_id, position + 1)
+            cut = len(ids) - position
+            if separator and text.endswith(turn_end + separator, 0, boundary):
+                if ids[cut : cut + len(separator_ids)] != separator_ids:
+                    return None  # the separator merged with what follows: not a clean boundary
+                cut += len(separator_ids)
+            return cut
+
+        main = ids_cut(last_turn)
+        fallback = ids_cut(assistant) if assistant is not None and assistant < last_turn else None
+        if main is None:
+            if fallback is None:
+                return
+            assert assistant is not None
+            entry = _Entry(text=text[:assistant], ids=array("I", ids[:fallback]))
+        else:
+            entry = _Entry(
+                text=text[:last_turn],
+                ids=array("I", ids[:main]),
+                fallback=(assistant, fallback) if assistant is not None and fallback is not None else None,
+            )
         if entry.size > self.max_bytes:
             return
         with self._lock:

@@ -150,6 +150,49 @@ def test_entries_are_scoped_by_conversation(adapter):
     assert cached_render(adapter, req).reused > 0
 
 
+@pytest.mark.parametrize("thinking", [False, True])
+def test_each_tool_result_is_tokenized_once(adapter, qwen3_tokenizer, monkeypatch, thinking):
+    """The cache holds a prompt up to its last complete turn (the tool results the model is
+    asked to act on): the next call reuses all of it and tokenizes only its new assistant
+    turn and tool results, never the previous ones again; its ids stay exact."""
+    global_cache.clear()
+    encoded: list[str] = []
+    encode = adapter.encode
+    monkeypatch.setattr(adapter, "encode", lambda text: encoded.append(text) or encode(text))
+    previous = None
+    for turns in range(0, 6):
+        req = request(conversation(turns, thinking=thinking), thinking={"type": "adaptive"})
+        encoded.clear()
+        with_cache = cached_render(adapter, req)
+        assert list(with_cache.token_ids) == list(adapter.render(request=req).token_ids), turns
+        if previous is not None:
+            last_turn = previous.text.rindex("<|im_end|>\n") + len("<|im_end|>\n")
+            assert with_cache.reused == len(qwen3_tokenizer.encode(previous.text[:last_turn]).ids) > 0
+            assert encoded and not [t for t in encoded if f"=== {turns - 2} passed ===" in t], encoded
+            assert [t for t in encoded if f"=== {turns - 1} passed ===" in t]  # the new result, once
+        remember(adapter, with_cache)
+        previous = with_cache
+
+
+def test_a_rewritten_last_turn_falls_back_to_the_last_assistant_turn(adapter, qwen3_tokenizer):
+    """A harness that rewrites its latest message before the next call (a reminder moved, a
+    result truncated) breaks the longer cut; the entry's shorter one, the end of the last
+    completed assistant turn, is still reused, and the ids stay exact."""
+    global_cache.clear()
+    first = cached_render(adapter, request(conversation(2)))
+    remember(adapter, first)
+    rewritten = conversation(3)
+    rewritten[4]["content"][1]["text"] = "<system-reminder>rewritten</system-reminder>"  # the last turn of `first`
+    again = cached_render(adapter, request(rewritten))
+    assert list(again.token_ids) == list(adapter.render(request=request(rewritten)).token_ids)
+    assistant_end = assistant_boundary(
+        first.text, assistant_open="<|im_start|>assistant", turn_end="<|im_end|>", separator="\n"
+    )
+    assert again.reused == len(qwen3_tokenizer.encode(first.text[:assistant_end]).ids) > 0
+    # The last complete turn is further on: the fallback is the shorter cut, not the same.
+    assert again.reused < len(qwen3_tokenizer.encode(first.text[: first.text.rindex("<|im_end|>")]).ids)
+
+
 def test_boundary_is_the_last_completed_assistant_turn():
     text = "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\na<|im_end|>\n<|im_start|>user\nr<|im_end|>\n<|im_start|>assistant\n"
     end = assistant_boundary(text, assistant_open="<|im_start|>assistant", turn_end="<|im_end|>", separator="\n")
