@@ -35,7 +35,7 @@ from apps.proxy.credentials import Caller, route_authorize
 from apps.proxy.errors import ApiError, InvalidRequest, Overloaded, ProxyError
 from apps.proxy.fitting import Fitted, prompt_fit
 from apps.proxy.models import ModelRoute
-from apps.proxy.prefix_cache import TURN_MARKERS, CacheKey, chatml_tokenize
+from apps.proxy.prefix_cache import TURN_MARKERS, CacheKey, Tokenized, chatml_tokenize
 from apps.proxy.prefix_cache import cache as prefix_cache
 from apps.proxy.samplers.base import Sampler, SampleRequest, SampleResult
 
@@ -283,12 +283,15 @@ def render_with_cache(
         encode_suffix=lambda suffix: chatml_tokenize(adapter=adapter, text=suffix),
         full=full_ids,
     )
-    return _Rendered(text=full[0].text if full else text, token_ids=tokenized.ids, reused=tokenized.reused)
+    return _Rendered(
+        text=full[0].text if full else text, token_ids=tokenized.ids, reused=tokenized.reused, tokenized=tokenized
+    )
 
 
 @dataclass(frozen=True)
 class _Rendered(RenderedPrompt):
     reused: int = 0
+    tokenized: Tokenized | None = None  # how the prefix cache made token_ids
 
 
 def _turn_end_ids(adapter: ChatAdapter, family: str) -> tuple[int | None, list[int]]:
@@ -323,9 +326,10 @@ def _prepare_sync(
             key=key,
             family=route.family,
             text=rendered.text,
-            ids=list(rendered.token_ids),
+            ids=rendered.token_ids if isinstance(rendered.token_ids, list) else list(rendered.token_ids),
             turn_end_id=turn_end_id,
             separator_ids=separator_ids,
+            tokenized=rendered.tokenized if isinstance(rendered, _Rendered) else None,
         )
     return fitted, rendered.reused if isinstance(rendered, _Rendered) else 0
 

@@ -68,10 +68,11 @@ CacheKey = tuple[str, ...]
 @dataclass(frozen=True)
 class _Entry:
     text: str
-    ids: array
+    ids: array  # never changed once made: a hit's Tokenized hands it on as its base
+    turn_ends: int  # the turn-end ids among ids
     # The shorter cut, at the end of the last completed assistant turn: (characters of
-    # text, ids), or None when it is the whole entry or absent.
-    fallback: tuple[int, int] | None = None
+    # text, ids, turn-end ids), or None when it is the whole entry or absent.
+    fallback: tuple[int, int, int] | None = None
 
     @property
     def size(self) -> int:
@@ -82,6 +83,10 @@ class _Entry:
 class Tokenized:
     ids: list[int]
     reused: int  # how many leading ids came from the cache
+    # What they came from (ids[:reused] == base[:reused]) and the turn-end ids among them:
+    # remember() then extends the entry and looks for turn ends in the new ids only.
+    base: array | None = None
+    base_turn_ends: int = 0
 
 
 def assistant_boundary(text: str, *, assistant_open: str, turn_end: str, separator: str) -> int | None:
@@ -135,13 +140,16 @@ class PrefixCache:
         if entry is not None:
             cut = None
             if text.startswith(entry.text):
-                cut = (len(entry.text), len(entry.ids))
+                cut = (len(entry.text), len(entry.ids), entry.turn_ends)
             elif entry.fallback is not None and text.startswith(entry.text[: entry.fallback[0]]):
                 cut = entry.fallback
             if cut is not None:
                 self.hits += 1
-                chars, count = cut
-                return Tokenized(ids=entry.ids[:count].tolist() + encode_suffix(text[chars:]), reused=count)
+                chars, count, turn_ends = cut
+                reused = entry.ids.tolist() if count == len(entry.ids) else entry.ids[:count].tolist()
+                return Tokenized(
+                    ids=reused + encode_suffix(text[chars:]), reused=count, base=entry.ids, base_turn_ends=turn_ends
+                )
         self.misses += 1
         return Tokenized(ids=full(), reused=0)
 
@@ -154,15 +162,20 @@ class PrefixCache:
         ids: list[int],
         turn_end_id: int | None,
         separator_ids: list[int],
+        tokenized: Tokenized | None = None,
     ) -> None:
         """Keep `text` up to its last complete turn, with the ids of exactly that, and where
         the last completed assistant turn ends in both (the fallback cut).
 
         The ids of a cut are found without tokenizing again: the text before it ends with its
-        n-th turn-end token (+ separator), so its ids end at the n-th occurrence of that
-        token's id (+ the separator's ids). Added tokens are matched wherever their text
-        appears, in templates and content alike, so text occurrences and id occurrences
-        correspond one to one; a cut that does not line up is simply not cached.
+        n-th turn-end token (+ separator), so its ids end at the n-th turn-end id (+ the
+        separator's ids). Added tokens are matched wherever their text appears, in templates
+        and content alike, so text occurrences and id occurrences correspond one to one; a
+        cut that does not line up is simply not cached.
+
+        ``tokenized``: how `ids` were made, when by `tokenize` (a hit's reused ids are its
+        base's). Only the ids after them are then searched and copied: at 100K ids, counting
+        and copying them all took longer than tokenizing the call's new text.
         """
         markers = TURN_MARKERS.get(family)
         if markers is None or turn_end_id is None:
@@ -175,25 +188,49 @@ class PrefixCache:
         if text.startswith(separator, last_turn):
             last_turn += len(separator)
         assistant = assistant_boundary(text, assistant_open=assistant_open, turn_end=turn_end, separator=separator)
-        # The turn-end ids from the end: the cuts sit near the end of long prompts, and
-        # list.count/index run in C (a Python loop over 100K ids cost about 5 ms per call).
-        reverse = ids[::-1]
-        total = ids.count(turn_end_id)
 
-        def ids_cut(boundary: int) -> int | None:
+        base, start, known = None, 0, 0
+        if tokenized is not None and tokenized.base is not None:
+            base, start, known = tokenized.base, tokenized.reused, tokenized.base_turn_ends
+        # The turn-end ids after the reused ones (list.index runs in C; a Python loop over
+        # 100K ids cost about 5 ms per call).
+        found: list[int] = []
+        position = start - 1
+        try:
+            while True:
+                position = ids.index(turn_end_id, position + 1)
+                found.append(position)
+        except ValueError:
+            pass
+
+        def nth_turn_end(n: int) -> int | None:
+            """Where the n-th turn-end id (from 1) is, or None if there are fewer."""
+            if n > known:
+                return found[n - known - 1] if n - known <= len(found) else None
+            where = -1
+            for _ in range(n):  # among the reused ids (a cut before the new text: rare)
+                where = ids.index(turn_end_id, where + 1)
+            return where
+
+        def ids_cut(boundary: int) -> tuple[int, int] | None:
+            """(ids before the cut at text[:boundary], the turn-end ids among them)."""
             wanted = text.count(turn_end, 0, boundary)
-            after = total - wanted
-            if wanted == 0 or after < 0:
+            position = nth_turn_end(wanted) if wanted else None
+            if position is None:
                 return None
-            position = -1
-            for _ in range(after + 1):
-                position = reverse.index(turn_end_id, position + 1)
-            cut = len(ids) - position
+            cut = position + 1
             if separator and text.endswith(turn_end + separator, 0, boundary):
                 if ids[cut : cut + len(separator_ids)] != separator_ids:
                     return None  # the separator merged with what follows: not a clean boundary
                 cut += len(separator_ids)
-            return cut
+            return cut, wanted
+
+        def stored(cut: int) -> array:
+            if base is not None and 0 < start <= cut:
+                kept = base[:start]
+                kept.extend(ids[start:cut])
+                return kept
+            return array("I", ids[:cut])
 
         main = ids_cut(last_turn)
         fallback = ids_cut(assistant) if assistant is not None and assistant < last_turn else None
@@ -201,12 +238,13 @@ class PrefixCache:
             if fallback is None:
                 return
             assert assistant is not None
-            entry = _Entry(text=text[:assistant], ids=array("I", ids[:fallback]))
+            entry = _Entry(text=text[:assistant], ids=stored(fallback[0]), turn_ends=fallback[1])
         else:
             entry = _Entry(
                 text=text[:last_turn],
-                ids=array("I", ids[:main]),
-                fallback=(assistant, fallback) if assistant is not None and fallback is not None else None,
+                ids=stored(main[0]),
+                turn_ends=main[1],
+                fallback=(assistant, *fallback) if assistant is not None and fallback is not None else None,
             )
         if entry.size > self.max_bytes:
             return

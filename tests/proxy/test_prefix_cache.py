@@ -67,15 +67,18 @@ def cached_render(adapter, req, cache_key=KEY):
     return calls.render_with_cache(adapter=adapter, family="qwen3", request=req, key=cache_key)
 
 
-def remember(adapter, rendered, cache_key=KEY):
+def remember(adapter, rendered, cache_key=KEY, cache=global_cache, incremental=True):
+    """As the proxy remembers a prompt: a hit's entry extended (``incremental``), or the
+    whole prompt searched."""
     turn_end_id, sep = calls._turn_end_ids(adapter, "qwen3")
-    global_cache.remember(
+    cache.remember(
         key=cache_key,
         family="qwen3",
         text=rendered.text,
         ids=list(rendered.token_ids),
         turn_end_id=turn_end_id,
         separator_ids=sep,
+        tokenized=getattr(rendered, "tokenized", None) if incremental else None,
     )
 
 
@@ -191,6 +194,58 @@ def test_a_rewritten_last_turn_falls_back_to_the_last_assistant_turn(adapter, qw
     assert again.reused == len(qwen3_tokenizer.encode(first.text[:assistant_end]).ids) > 0
     # The last complete turn is further on: the fallback is the shorter cut, not the same.
     assert again.reused < len(qwen3_tokenizer.encode(first.text[: first.text.rindex("<|im_end|>")]).ids)
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_an_entry_extended_from_a_hit_is_the_entry_a_full_search_makes(adapter, thinking):
+    """remember() after a hit searches only the ids after the reused ones; the entry (text,
+    ids, turn ends, fallback cut) is the one searching the whole prompt gives, turn after
+    turn, through a sampled turn spliced in, a rewritten last turn (a fallback hit) and a
+    compaction (a miss)."""
+    from apps.proxy.prefix_cache import _Entry
+
+    global_cache.clear()
+    whole = PrefixCache()
+
+    def req(messages):
+        return request(messages, thinking={"type": "adaptive"})
+
+    requests = [req(conversation(turns, thinking=thinking)) for turns in range(6)]
+    rewritten = conversation(6, thinking=thinking)
+    rewritten[10]["content"][1]["text"] = "<system-reminder>rewritten</system-reminder>"  # the last turn before
+    compacted = conversation(7, thinking=thinking)
+    compacted[0] = {"role": "user", "content": "Summary of the earlier conversation."}
+    # A turn sampled with ids a re-tokenization would not give (the adapter splices them in).
+    sampled_text = '<tool_call>\n{"name":  "Bash", "arguments": {"command": "ls"}}\n</tool_call>'
+    adapter.parse(token_ids=adapter.encode(sampled_text) + adapter.encode("<|im_end|>"), stopped=True)
+    spliced = conversation(7, thinking=thinking) + [
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t_x", "name": "Bash", "input": {"command": "ls"}}],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t_x", "content": "a b"}]},
+    ]
+    sampled_ids = adapter.encode(sampled_text)
+    spliced_ids = list(adapter.render(request=req(spliced)).token_ids)
+    assert any(spliced_ids[i : i + len(sampled_ids)] == sampled_ids for i in range(len(spliced_ids)))
+    assert sampled_ids != adapter.encode(sampled_text.replace(":  ", ": "))  # spliced, not re-tokenized
+    after = spliced + [{"role": "assistant", "content": "Done."}, {"role": "user", "content": "Thanks; once more."}]
+    requests += [req(rewritten), req(compacted), req(conversation(7, thinking=thinking)), req(spliced), req(after)]
+    kinds = []
+    for req in requests:
+        rendered = cached_render(adapter, req)
+        assert list(rendered.token_ids) == list(adapter.render(request=req).token_ids)
+        kinds.append("miss" if rendered.reused == 0 else "hit")
+        remember(adapter, rendered)
+        remember(adapter, rendered, cache=whole, incremental=False)
+        ours, theirs = global_cache._entries[KEY], whole._entries[KEY]
+        assert isinstance(ours, _Entry) and (ours.text, ours.ids, ours.turn_ends, ours.fallback) == (
+            theirs.text,
+            theirs.ids,
+            theirs.turn_ends,
+            theirs.fallback,
+        )
+    assert kinds == ["miss"] + ["hit"] * 5 + ["hit", "miss", "miss", "hit", "hit"], kinds
 
 
 def test_boundary_is_the_last_completed_assistant_turn():
