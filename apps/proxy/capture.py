@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+import orjson
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -134,6 +135,18 @@ class CaptureRecord:
     protocol: str = "messages"  # messages, chat or responses: the wire protocol of the call
 
 
+def _request_text(request: dict[str, Any]) -> str:
+    """The request as compact JSON text, its key order kept. orjson writes it several times
+    faster than json (the 440 KB of a 100K-token conversation: 0.4 against 1.2 ms, on every
+    call); json writes what orjson refuses (an integer beyond 64 bits). Either text loads
+    back to the same request: it was parsed by json_loads_strict, so it holds no value the
+    two would write differently (a non-finite float, a lone surrogate)."""
+    try:
+        return orjson.dumps(request).decode()
+    except orjson.JSONEncodeError:
+        return json.dumps(request, ensure_ascii=False, separators=(",", ":"))
+
+
 def _payload(interaction_id: str, rec: CaptureRecord, logprobs: list[float | None]) -> dict[str, Any]:
     return {
         "format": PAYLOAD_FORMAT,
@@ -154,7 +167,7 @@ def _payload(interaction_id: str, rec: CaptureRecord, logprobs: list[float | Non
         # JSON text, not an object: the template serializes tool schemas and arguments in
         # their key order, which JSONB storage and canonical JSON (sorted keys) would not
         # keep. json.loads of this string re-renders to exactly `prompt_ids`.
-        "request_json": json.dumps(rec.request, ensure_ascii=False, separators=(",", ":")),
+        "request_json": _request_text(rec.request),
         "sampling": rec.sampling,
         "fitting": rec.fitting,
         "original_prompt_tokens": rec.original_prompt_tokens,

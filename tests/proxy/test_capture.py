@@ -8,6 +8,7 @@ import hashlib
 import json
 from urllib.parse import urlparse
 
+import orjson
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.management import call_command
@@ -660,3 +661,22 @@ def test_settling_the_row_it_staged_reads_nothing_and_settles_once(alice, publis
     assert actor.delivery == Delivery.DELIVERED and published == [actor.id, judged.id]
     with pytest.raises(ValueError, match="is not"):
         capture.interaction_settle(interaction_id=actor.id, delivery=Delivery.FAILED, staged=rows[1])
+
+
+def test_the_request_text_loads_back_to_the_request_in_its_key_order():
+    """The staged request_json is written by orjson; json writes what orjson refuses (an
+    integer beyond 64 bits). Either way it loads back to the request, keys in their order
+    (the template writes tool schemas and arguments in that order)."""
+    from apps.core.inputs import json_loads_strict
+
+    body = (
+        '{"system": "caf\\u00e9 \\u2603 \\ud83d\\ude00 tab\\t nl\\n", "max_tokens": 9, '
+        '"tools": [{"name": "Bash", "input_schema": {"type": "object", "z": 1.5e300, "a": -0.0, "m": [1e-7, 2]}}], '
+        '"messages": [{"role": "user", "content": [{"type": "text", "text": "</script> \\\\ \\"q\\" \\u0001"}]}]}'
+    )
+    request = json_loads_strict(body)
+    text = capture._request_text(request)
+    assert json.loads(text) == request and list(json.loads(text)["tools"][0]["input_schema"]) == ["type", "z", "a", "m"]
+    assert text.encode() == orjson.dumps(request)  # the fast path, not the fallback
+    wide = {"metadata": {"n": 2**70}, "messages": []}
+    assert json.loads(capture._request_text(wide)) == wide
