@@ -177,11 +177,11 @@ DATABASES = {
 }
 # Statements a process runs over and over on a hot path (event appends; see
 # apps.core.bulk.bound_cursor) are prepared once per connection and then only executed:
-# PostgreSQL parses and plans them once. At one event append per transaction that was about
-# a third more appends per second (bench/control_plane.py). Django's own queries bind on the
-# client and are never prepared. Behind a pooler in transaction mode, the pooler must track
-# prepared statements (PgBouncer 1.21 or later, max_prepared_statements above 0) or this
-# must be off.
+# PostgreSQL parses and plans them once. At one event append per transaction that gave 18%
+# more appends per second in bench/control_plane.py (30% in a loop of appends alone).
+# Django's own queries bind on the client and are never prepared. Behind a pooler in
+# transaction mode, the pooler must track prepared statements (PgBouncer 1.21 or later,
+# max_prepared_statements above 0) or this must be off.
 SYNTH_DB_PREPARED_STATEMENTS = env_bool("SYNTH_DB_PREPARED_STATEMENTS", True)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and SYNTH_DB_PREPARED_STATEMENTS:
     # Django sets psycopg's threshold to None (nothing is ever prepared) unless OPTIONS gives

@@ -7,7 +7,7 @@ On PostgreSQL an append is one statement: a data-modifying CTE bumps the run's c
 and the INSERT takes its seq from the CTE's RETURNING, so one event (or a burst of them)
 costs one round trip and the run row is locked only from that statement to the commit.
 Both statements are prepared on their connection (apps.core.bulk.bound_cursor): an append
-is so short that parsing and planning it again each time was a quarter of its cost.
+is so short that parsing and planning it again each time was a sixth to a quarter of its cost.
 SQLite has no data-modifying CTEs; there the bump and the insert are two statements
 (its writers are serialized by the database lock anyway).
 
