@@ -267,7 +267,8 @@ def chatml_tokenize(*, adapter: TemplateAdapter, text: str) -> list[int]:
     assistant turn found in its sampled-turn memo (a turn the model sampled with ids that
     a re-tokenization would not reproduce) is spliced in as the ids the memo holds for the
     whole turn. This does the same on the suffix, through the adapter's `memo` and
-    `encode`, so a cache hit yields the adapter's own ids.
+    `encode_chunk` (a turn it sampled a call ago is in its chunk cache), so a cache hit
+    yields the adapter's own ids.
     """
     opener = "<|im_start|>"
     header = "<|im_start|>assistant\n"
@@ -290,7 +291,7 @@ def chatml_tokenize(*, adapter: TemplateAdapter, text: str) -> list[int]:
             if turn_ids is not None:
                 ids += turn_ids
                 continue
-        ids += adapter.encode(piece)
+        ids += adapter.encode_chunk(piece)
     return ids
 
 

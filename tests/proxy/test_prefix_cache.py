@@ -153,6 +153,32 @@ def test_entries_are_scoped_by_conversation(adapter):
     assert cached_render(adapter, req).reused > 0
 
 
+def test_a_sampled_turn_is_not_tokenized_again_by_the_next_call(adapter, monkeypatch):
+    """Parsing a sampled turn tokenizes its canonical rendering (to tell whether the sample
+    re-tokenizes the same); those ids are kept, and the next call's suffix takes them instead
+    of tokenizing the turn again. Its ids stay exact."""
+    global_cache.clear()
+    messages = conversation(1)
+    remember(adapter, cached_render(adapter, request(messages)))
+    long_text = "Here is what I found: " + "the test fails because the fixture is stale; " * 20
+    sampled = adapter.encode(
+        f'{long_text}\n<tool_call>\n{{"name": "Bash", "arguments": {{"command": "ls"}}}}\n</tool_call>'
+    )
+    parsed = adapter.parse(token_ids=sampled + adapter.encode("<|im_end|>"), stopped=True, id_seed="y")
+    messages = messages + [
+        {"role": "assistant", "content": parsed.blocks},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": parsed.blocks[-1]["id"], "content": "ok"}]},
+    ]
+    encoded: list[str] = []
+    encode = adapter.encode
+    monkeypatch.setattr(adapter, "encode", lambda text: encoded.append(text) or encode(text))
+    second = cached_render(adapter, request(messages))
+    assert second.reused > 0
+    assert list(second.token_ids) == list(adapter.render(request=request(messages)).token_ids)
+    assert encoded and not [t for t in encoded if "the fixture is stale" in t], encoded
+    assert any("tool_response" in t for t in encoded)  # the new tool result is tokenized
+
+
 @pytest.mark.parametrize("thinking", [False, True])
 def test_each_tool_result_is_tokenized_once(adapter, qwen3_tokenizer, monkeypatch, thinking):
     """The cache holds a prompt up to its last complete turn (the tool results the model is

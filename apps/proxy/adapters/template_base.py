@@ -119,9 +119,20 @@ class TemplateAdapter(ChatAdapter):
         return Splice(header + body, (self.encode(header) if header else []) + sampled)
 
     def _remember(self, body: str, sampled_ids: list[int]) -> None:
-        """Record `sampled_ids` for `body` when re-tokenizing `body` would give other ids."""
-        if self.encode(body) != sampled_ids:
+        """Record `sampled_ids` for `body` when re-tokenizing `body` would give other ids;
+        otherwise keep the ids just computed in the chunk cache, where the next call's
+        tokenization of the same turn finds them (`encode_chunk`)."""
+        ids = self.encode(body)
+        if ids != sampled_ids:
             self.memo.put(body, sampled_ids)
+        elif len(body) >= CACHE_MIN_CHARS:
+            self._cache.put(body, ids)
+
+    def encode_chunk(self, text: str) -> list[int]:
+        """`encode(text)` of a chunk (text starting at an added token), from the chunk cache
+        when it holds it; nothing is added to the cache (a prompt's new text is not seen again)."""
+        cached = self._cache.get(text) if len(text) >= CACHE_MIN_CHARS else None
+        return list(cached) if cached is not None else self.encode(text)
 
     # --- parsing helpers ---------------------------------------------------------------------
 
