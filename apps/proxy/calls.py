@@ -283,15 +283,16 @@ def render_with_cache(
         encode_suffix=lambda suffix: chatml_tokenize(adapter=adapter, text=suffix),
         full=full_ids,
     )
-    return _Rendered(
-        text=full[0].text if full else text, token_ids=tokenized.ids, reused=tokenized.reused, tokenized=tokenized
-    )
+    return _Rendered(text=full[0].text if full else text, token_ids=tokenized.ids, tokenized=tokenized)
 
 
 @dataclass(frozen=True)
 class _Rendered(RenderedPrompt):
-    reused: int = 0
     tokenized: Tokenized | None = None  # how the prefix cache made token_ids
+
+    @property
+    def reused(self) -> int:
+        return self.tokenized.reused if self.tokenized is not None else 0
 
 
 def _turn_end_ids(adapter: ChatAdapter, family: str) -> tuple[int | None, list[int]]:

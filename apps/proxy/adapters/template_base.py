@@ -92,7 +92,7 @@ class TemplateAdapter(ChatAdapter):
         for chunk in chunks:
             if isinstance(chunk, Splice) or chunk in known:
                 continue
-            cached = self._cache.get(chunk) if len(chunk) >= CACHE_MIN_CHARS else None
+            cached = self._cached_ids(chunk)
             if cached is None:
                 missing.append(chunk)
                 known[chunk] = ()
@@ -131,8 +131,12 @@ class TemplateAdapter(ChatAdapter):
     def encode_chunk(self, text: str) -> list[int]:
         """`encode(text)` of a chunk (text starting at an added token), from the chunk cache
         when it holds it; nothing is added to the cache (a prompt's new text is not seen again)."""
-        cached = self._cache.get(text) if len(text) >= CACHE_MIN_CHARS else None
+        cached = self._cached_ids(text)
         return list(cached) if cached is not None else self.encode(text)
+
+    def _cached_ids(self, chunk: str) -> Sequence[int] | None:
+        """The chunk cache's ids of `chunk` (only chunks of CACHE_MIN_CHARS or more are kept)."""
+        return self._cache.get(chunk) if len(chunk) >= CACHE_MIN_CHARS else None
 
     # --- parsing helpers ---------------------------------------------------------------------
 
