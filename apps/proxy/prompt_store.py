@@ -89,20 +89,27 @@ def digest(packed: bytes) -> str:
     return hashlib.sha256(packed).hexdigest()
 
 
+def _same(a: bytes, b: memoryview, *, at_a: int, at_b: int, length: int) -> bool:
+    """Whether ``length`` bytes of ``a`` from ``at_a`` equal those of ``b`` from ``at_b``:
+    one memcmp, nothing copied (bytes.startswith takes a buffer). Comparing two memoryviews
+    goes item by item: about 80 times slower, 1.9 ms for a 100K-token prompt."""
+    return a.startswith(b[at_b : at_b + length], at_a)
+
+
 def shared_prefix(a: bytes, b: bytes) -> int:
-    """How many leading ids two packed prompts share. Compares chunks (memcmp), then
-    narrows the first chunk that differs; linear in the bytes, never per id in Python."""
+    """How many leading ids two packed prompts share. Compares chunks, then narrows the
+    first chunk that differs; linear in the bytes, never per id in Python."""
     n = min(len(a), len(b))
-    view_a, view_b = memoryview(a), memoryview(b)
-    if view_a[:n] == view_b[:n]:
+    view = memoryview(b)
+    if _same(a, view, at_a=0, at_b=0, length=n):
         return n // ID_BYTES
     start = 0
-    while start < n and view_a[start : start + _COMPARE_CHUNK] == view_b[start : start + _COMPARE_CHUNK]:
+    while start < n and _same(a, view, at_a=start, at_b=start, length=min(_COMPARE_CHUNK, n - start)):
         start += _COMPARE_CHUNK
     lo, hi = start, min(n, start + _COMPARE_CHUNK)  # equal up to lo; differ before hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if view_a[lo:mid] == view_b[lo:mid]:
+        if _same(a, view, at_a=lo, at_b=lo, length=mid - lo):
             lo = mid
         else:
             hi = mid

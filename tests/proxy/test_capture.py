@@ -518,6 +518,21 @@ def test_a_call_that_does_not_extend_the_previous_one(alice, stage):
         assert published_ids(row) == ids
 
 
+def test_shared_prefix_counts_the_ids_two_prompts_share():
+    import random
+
+    from apps.proxy.prompt_store import pack, shared_prefix
+
+    rng = random.Random(11)
+    for _ in range(300):
+        a = ids_of(rng.choice([1, 3, 40_000, 70_000]), rng.randrange(1000))
+        b = a[: rng.randrange(len(a) + 1)] if rng.random() < 0.4 else list(a)
+        if b and rng.random() < 0.8:
+            b[rng.randrange(len(b))] ^= 1 << rng.randrange(32)  # any byte of an id
+        expected = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        assert shared_prefix(pack(a), pack(b)) == expected
+
+
 def test_delta_chains_are_bounded(alice, stage):
     from apps.proxy.prompt_store import MAX_DEPTH
 
