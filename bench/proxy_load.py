@@ -65,7 +65,9 @@ within 10% of the target, each warm (the call before made its prefix-cache entry
 The last line is one JSON object: sessions, calls_per_s, ttfb_p50_ms, ttfb_p99_ms,
 floor_calls_per_s, pg_cpu_ms_per_call, loop_lag_p99_ms, warm_long_added_ms (and the
 figures' context: floor ratio, the floor's own TTFB p50 and p99, pg_cpu_source,
-load_avg_1m, errors, warm_long_tokens, warm_long_added_p99_ms, warm_long_ttfb_added_ms).
+load_avg_1m, errors, warm_long_tokens, warm_long_added_p99_ms, warm_long_ttfb_added_ms,
+warm_long_staged_kb: what staging wrote per warm call, the payload TOAST-compressed and the
+packed prompt ids).
 
 Bounded: only loopback traffic; each session stops at --turns or when --max-seconds have
 passed; every request has a timeout; the proxy is stopped at the end. Prints figures;
@@ -514,17 +516,42 @@ async def long_session(client: Any, secret: str, args: argparse.Namespace) -> di
         return None
     added = [r[1] - r[2] for r in near]
     added_ttfb = [r[3] - r[4] for r in near]
+    # The first session's credential: its run's trial trl_bench_0.
+    staged = await asyncio.to_thread(
+        staged_size, run_id=args.run_id, trial_id="trl_bench_0", min_tokens=min(r[0] for r in near)
+    )
     print(
         f"long conversation: {len(rows)} calls, prompt {rows[0][0]:,} -> {rows[-1][0]:,} tokens; "
         f"the {len(near)} warm calls of {min(r[0] for r in near):,}+ tokens: proxy done {ms([r[1] for r in near])}, "
-        f"floor done {ms([r[2] for r in near])}; added {ms(added)}; added to TTFB {ms(added_ttfb)}"
+        f"floor done {ms([r[2] for r in near])}; added {ms(added)}; added to TTFB {ms(added_ttfb)}; "
+        f"staged per call {staged['stored_kb']:.1f} KB stored ({staged['text_kb']:.1f} KB of payload as JSON text, "
+        f"{staged['prompt_kb']:.1f} KB of packed prompt ids)"
     )
     return {
         "warm_long_tokens": rows[-1][0],
         "warm_long_added_ms": round(pct(added, 0.5) * 1000, 1),
         "warm_long_added_p99_ms": round(pct(added, 0.99) * 1000, 1),
         "warm_long_ttfb_added_ms": round(pct(added_ttfb, 0.5) * 1000, 1),
+        "warm_long_staged_kb": round(staged["stored_kb"], 1),
     }
+
+
+def staged_size(*, run_id: str, trial_id: str, min_tokens: int) -> dict[str, float]:
+    """What staging wrote per call (no evidence worker runs: the rows stay staged): the
+    payload as stored (TOAST-compressed) and as JSON text, and the packed prompt ids."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT avg(pg_column_size(payload) + coalesce(octet_length(prompt_ids_packed), 0)), "
+            "avg(octet_length(payload::text)), avg(coalesce(octet_length(prompt_ids_packed), 0)) "
+            "FROM proxy_interaction WHERE run_id = %s AND trial_id = %s AND prompt_tokens >= %s "
+            "AND payload IS NOT NULL",
+            [run_id, trial_id, min_tokens],
+        )
+        stored, text, prompt = (float(v or 0) / 1024 for v in cursor.fetchone())
+    connection.close()  # a thread of its own
+    return {"stored_kb": stored, "text_kb": text, "prompt_kb": prompt}
 
 
 async def client_lag_probe(stats: Stats, interval: float) -> None:
@@ -757,6 +784,7 @@ async def load(base: str, secrets: list[str], args: argparse.Namespace, proxy_pi
         "warm_long_added_ms": None,
         "warm_long_added_p99_ms": None,
         "warm_long_ttfb_added_ms": None,
+        "warm_long_staged_kb": None,
         **(long or {}),
     }
 
@@ -880,6 +908,7 @@ def main() -> None:
             f"set-up (database, tokenizer, route, {len(secrets)} credentials, proxy start): "
             f"{time.perf_counter() - t_setup:.1f} s"
         )
+        args.run_id = run_id  # the long conversation's staged rows are read back by it
         figures = asyncio.run(load(base, secrets, args, server.pid))
         time.sleep(0.5)  # the probe's last samples of the window reach its file
     finally:

@@ -135,19 +135,25 @@ class CaptureRecord:
     protocol: str = "messages"  # messages, chat or responses: the wire protocol of the call
 
 
-def _request_text(request: dict[str, Any]) -> str:
-    """The request as compact JSON text, its key order kept. orjson writes it several times
-    faster than json (the 440 KB of a 100K-token conversation: 0.4 against 1.2 ms, on every
-    call); json writes what orjson refuses (an integer beyond 64 bits). Either text loads
-    back to the same request: it was parsed by json_loads_strict, so it holds no value the
-    two would write differently (a non-finite float, a lone surrogate)."""
+def _request_bytes(request: dict[str, Any]) -> bytes:
+    """The request as compact JSON text (UTF-8), its key order kept. orjson writes it
+    several times faster than json (the 440 KB of a 100K-token conversation: 0.4 against
+    1.2 ms, on every call); json writes what orjson refuses (an integer beyond 64 bits).
+    Either text loads back to the same request: it was parsed by json_loads_strict, so it
+    holds no value the two would write differently (a non-finite float, a lone surrogate)."""
     try:
-        return orjson.dumps(request).decode()
+        return orjson.dumps(request)
     except orjson.JSONEncodeError:
-        return json.dumps(request, ensure_ascii=False, separators=(",", ":"))
+        return json.dumps(request, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def _payload(interaction_id: str, rec: CaptureRecord, logprobs: list[float | None]) -> dict[str, Any]:
+def _request_text(request: dict[str, Any]) -> str:
+    return _request_bytes(request).decode()
+
+
+def _payload(
+    interaction_id: str, rec: CaptureRecord, logprobs: list[float | None], request_text: str | None = None
+) -> dict[str, Any]:
     return {
         "format": PAYLOAD_FORMAT,
         "id": interaction_id,
@@ -167,7 +173,7 @@ def _payload(interaction_id: str, rec: CaptureRecord, logprobs: list[float | Non
         # JSON text, not an object: the template serializes tool schemas and arguments in
         # their key order, which JSONB storage and canonical JSON (sorted keys) would not
         # keep. json.loads of this string re-renders to exactly `prompt_ids`.
-        "request_json": _request_text(rec.request),
+        "request_json": _request_text(rec.request) if request_text is None else request_text,
         "sampling": rec.sampling,
         "fitting": rec.fitting,
         "original_prompt_tokens": rec.original_prompt_tokens,
@@ -198,8 +204,9 @@ def interaction_stage(*, rec: CaptureRecord, delivery: str = Delivery.PENDING, c
     response completes; `delivery` is pending unless the call already failed.
 
     The prompt ids go to the row's packed prompt columns, a delta on the conversation's
-    previous call when it extends it (prompt_store); `compact=False`, or ids that do not
-    pack, keeps them in the JSON payload as rows staged before compact prompts did."""
+    previous call when it extends it (prompt_store), and then the request's text too,
+    when it shares enough with that call's; `compact=False`, or ids that do not pack,
+    keeps both in the JSON payload as rows staged before compact prompts did."""
     logprobs, finite = finite_floats(rec.logprobs)
     interaction = Interaction(
         org_id=rec.org_id,
@@ -229,9 +236,11 @@ def interaction_stage(*, rec: CaptureRecord, delivery: str = Delivery.PENDING, c
         delivery_error=rec.error,
         integrity=Integrity.STAGED,
     )
-    payload = _payload(interaction.id, rec, logprobs)
     key = conversation_key(rec)
     prompt = prompt_store.prompt_encode(key=key, ids=rec.prompt_ids) if compact else None
+    request = _request_bytes(rec.request)
+    request_delta = prompt_store.request_delta(staged=prompt, request=request) if prompt is not None else None
+    payload = _payload(interaction.id, rec, logprobs, "" if request_delta else request.decode())
     if prompt is not None:
         del payload["prompt_ids"]  # rebuilt into the same place when published
         interaction.prompt_ids_packed = prompt.packed
@@ -239,6 +248,9 @@ def interaction_stage(*, rec: CaptureRecord, delivery: str = Delivery.PENDING, c
         interaction.prompt_shared = prompt.shared
         interaction.prompt_depth = prompt.depth
         interaction.prompt_sha256 = prompt.sha256
+    if request_delta is not None:
+        del payload["request_json"]  # rebuilt into the same place when published
+        payload["request_json_delta"] = request_delta
     interaction.payload = payload
     if not finite or len(rec.logprobs) != len(rec.output_ids):
         # Known now and independent of delivery: no importance weights for this call.
@@ -248,7 +260,7 @@ def interaction_stage(*, rec: CaptureRecord, delivery: str = Delivery.PENDING, c
     if prompt is not None:
         # A base only once committed: a row rolled back must never be a later call's base.
         transaction.on_commit(
-            lambda: prompt_store.prompt_remember(key=key, interaction_id=interaction.id, staged=prompt)
+            lambda: prompt_store.prompt_remember(key=key, interaction_id=interaction.id, staged=prompt, request=request)
         )
     return interaction
 
@@ -258,7 +270,14 @@ def staged_payload(*, interaction: Interaction) -> dict[str, Any]:
     if interaction.payload is None:
         raise ValueError(f"{interaction.id} is staged without a payload")
     payload = dict(interaction.payload)
-    payload["prompt_ids"] = prompt_store.staged_prompt_ids(interaction=interaction, payload=payload)
+    published: prompt_store.Published = {}  # a base's object, read once for both
+    payload["request_json"] = prompt_store.staged_request_text(
+        interaction=interaction, payload=payload, published=published
+    )
+    payload.pop("request_json_delta", None)
+    payload["prompt_ids"] = prompt_store.staged_prompt_ids(
+        interaction=interaction, payload=payload, published=published
+    )
     return payload
 
 

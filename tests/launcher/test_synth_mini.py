@@ -569,6 +569,7 @@ def test_trial_through_the_real_proxy(tmp_path, proxy_socket):
     from harbor.trial.trial import Trial
 
     from apps.accounts.services import model_credential_issue
+    from apps.proxy import capture
     from apps.proxy.models import Interaction
     from apps.proxy.tokenizers import tokenizer_load
     from synth_launcher.harbor_agent import recipe_agent_config
@@ -661,7 +662,7 @@ def test_trial_through_the_real_proxy(tmp_path, proxy_socket):
         and not r.stream
         for r in rows
     )
-    second_request = json.loads(rows[1].payload["request_json"])
+    second_request = json.loads(capture.staged_payload(interaction=rows[1])["request_json"])
     assert second_request["messages"][-1]["content"][0]["tool_use_id"] == call["id"]
 
     # The scoped credential appears in no file of the trial.

@@ -518,19 +518,27 @@ def test_a_call_that_does_not_extend_the_previous_one(alice, stage):
         assert published_ids(row) == ids
 
 
-def test_shared_prefix_counts_the_ids_two_prompts_share():
+def test_shared_prefix_and_suffix_count_what_two_buffers_share():
     import random
 
-    from apps.proxy.prompt_store import pack, shared_prefix
+    from apps.proxy.prompt_store import pack, shared_prefix, shared_suffix
 
     rng = random.Random(11)
-    for _ in range(300):
-        a = ids_of(rng.choice([1, 3, 40_000, 70_000]), rng.randrange(1000))
+    for _ in range(100):
+        a = ids_of(rng.choice([1, 3, 20_000, 40_000]), rng.randrange(1000))  # 80 and 160 KB: chunks
         b = a[: rng.randrange(len(a) + 1)] if rng.random() < 0.4 else list(a)
         if b and rng.random() < 0.8:
             b[rng.randrange(len(b))] ^= 1 << rng.randrange(32)  # any byte of an id
         expected = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
         assert shared_prefix(pack(a), pack(b)) == expected
+        # Request texts: bytes, from either end, the suffix bounded (never past a prefix).
+        x, y = pack(a), pack(b)
+        assert shared_prefix(x, y, width=1) == next(
+            (i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), min(len(x), len(y))
+        )
+        most = rng.randrange(-1, len(x) + 2)
+        tail = next((i for i, (p, q) in enumerate(zip(x[::-1], y[::-1], strict=False)) if p != q), min(len(x), len(y)))
+        assert shared_suffix(x, y, most=most) == max(0, min(tail, most))
 
 
 def test_delta_chains_are_bounded(alice, stage):
@@ -586,7 +594,7 @@ def test_an_uncommitted_call_is_never_a_base(alice, stage):
     assert second.prompt_base_id is None
 
 
-def test_a_missing_base_falls_back_to_re_rendering_the_request(
+def test_a_base_whose_prompt_cannot_be_read_falls_back_to_re_rendering_the_request(
     alice, qwen3_tokenizer, django_capture_on_commit_callbacks
 ):
     make_route(backend="scripted", config={**scripted(qwen3_tokenizer, "Looking.<|im_end|>"), "cycle": True})
@@ -611,7 +619,10 @@ def test_a_missing_base_falls_back_to_re_rendering_the_request(
     assert (
         expected[: delta.prompt_shared] == capture.staged_payload(interaction=base)["prompt_ids"][: delta.prompt_shared]
     )
-    base.delete()  # gone before the delta was published
+    # The base's prompt altered before the delta was published (its request, on which the
+    # delta's request is staged, still reads back): the rebuilt prompt fails its sha256.
+    Interaction.objects.filter(pk=base.pk).update(prompt_ids_packed=bytes(4) + bytes(base.prompt_ids_packed)[4:])
+    assert delta.payload["request_json_delta"]["base"] == base.id
     assert published_ids(delta) == expected
 
 
@@ -648,6 +659,119 @@ def test_the_published_object_is_the_one_staged_before_compact_prompts(alice, st
     # Rows staged before compact prompts still publish as they did.
     assert published_ids(legacy) == rec.prompt_ids
     assert legacy.payload_sha256 == hashlib.sha256(canonical_bytes(legacy_payload(legacy, rec))).hexdigest()
+
+
+def growing_requests(turns: int) -> list[dict]:
+    """A harness's requests, each the previous one's messages and then its answer and a new
+    observation, the system prompt and tools sent after the messages (as Claude Code does),
+    the cache marker moved to the last message, text beyond ASCII throughout."""
+    tools = [
+        {"name": f"Tool{i}", "description": "d\u00e9j\u00e0 vu \u2603 " * 40, "input_schema": {"b": 1, "a": 2}}
+        for i in range(20)
+    ]
+    messages: list[dict] = []
+    requests = []
+    for turn in range(turns):
+        for message in messages:
+            message["content"][-1].pop("cache_control", None)
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": f"turn {turn} \U0001f600 " * 50}]})
+        messages.append({"role": "user", "content": [{"type": "text", "text": f"output {turn}: caf\u00e9 " * 400}]})
+        messages[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+        requests.append(
+            json.loads(json.dumps({"model": "sonnet", "messages": messages, "system": "be brief", "tools": tools}))
+        )
+    return requests
+
+
+def test_a_session_of_extending_requests_is_staged_as_deltas(alice, stage):
+    route = make_route()
+    prompts = [ids_of(5_000, 0)]
+    requests = growing_requests(6)
+    for turn in range(1, len(requests)):
+        prompts.append(prompts[-1] + ids_of(200, turn))
+    rows = []
+    for ids, request in zip(prompts, requests, strict=True):
+        rec = record(alice.org, route, ids)
+        rec.request = request
+        rows.append(stage(rec))
+
+    assert "request_json_delta" not in rows[0].payload
+    for previous, row, request, before in zip(rows, rows[1:], requests[1:], requests, strict=False):
+        text = capture._request_text(request).encode()
+        delta = row.payload["request_json_delta"]
+        assert "request_json" not in row.payload and delta["base"] == previous.id
+        # What is stored is the new messages and the moved cache marker; the tools after
+        # the messages are shared.
+        assert len(delta["middle"].encode()) < len(text) - len(capture._request_text(before).encode()) + 100
+        assert delta["suffix"] > 10_000
+        assert delta["sha256"] == hashlib.sha256(text).hexdigest()
+    for row, request in zip(rows, requests, strict=True):
+        assert json.loads(capture.staged_payload(interaction=row)["request_json"]) == request
+    # Published out of order: a base published first is read from its object.
+    for index in (2, 0, 5, 1, 4, 3):
+        assert published_ids(rows[index]) == prompts[index]
+        stored = StoredObject.objects.get(
+            org=alice.org, sha256=Interaction.objects.get(pk=rows[index].pk).payload_sha256
+        )
+        payload = json.loads(object_read(obj=stored))
+        assert "request_json_delta" not in payload
+        assert payload["request_json"] == capture._request_text(requests[index])
+
+
+def test_request_deltas_cut_between_characters_and_only_when_they_share_enough():
+    from apps.proxy.prompt_store import StagedPrompt, request_delta
+
+    def delta(base: str, text: str) -> dict | None:
+        staged = StagedPrompt(
+            packed=b"", base_id="int_base", shared=1, depth=1, sha256="", whole=b"", base_request=base.encode()
+        )
+        return request_delta(staged=staged, request=text.encode())
+
+    def rebuilt(base: str, d: dict) -> str:
+        raw = base.encode()
+        return (raw[: d["prefix"]] + d["middle"].encode() + raw[len(raw) - d["suffix"] :]).decode()
+
+    common = "x" * 1000
+    # The first differing byte is inside a character (\u00e9 and \u00e8 share their lead
+    # byte), and so is the last (\u00f3 and \u0173 share their continuation byte).
+    for base, text in [
+        (common + "\u00e9" + common, common + "\u00e8" + common),
+        (common + "\u00f3" + common, common + "\u0173" + common),
+        (common + "\U0001f600" + common, common + "\U0001f601\U0001f602" + common),
+        (common, common + "\u00e9"),
+        (common + "\u00e9", common),
+    ]:
+        d = delta(base, text)
+        assert d is not None and rebuilt(base, d) == text
+        assert d["prefix"] + len(d["middle"].encode()) + d["suffix"] == len(text.encode())
+        assert len(d["middle"]) <= 2
+    assert delta(common, "y" * 2000) is None  # shares nothing: staged whole
+    assert delta("x" * 400 + "y" * 600, "x" * 400 + "z" * 600) is None  # 40%: staged whole
+    unrelated = StagedPrompt(packed=b"", base_id=None, shared=None, depth=0, sha256="", whole=b"", base_request=b"x")
+    assert request_delta(staged=unrelated, request=b"x") is None  # a snapshot prompt: the request whole
+
+
+def test_an_unrebuildable_request_is_an_error_not_a_wrong_request(alice, stage):
+    from apps.proxy.prompt_store import PromptUnrecoverable
+
+    route = make_route()
+    first, second = growing_requests(2)
+    rows = []
+    for ids, request in ((ids_of(3_000, 5), first), (ids_of(3_000, 5) + [9, 9], second)):
+        rec = record(alice.org, route, ids)
+        rec.request = request
+        rows.append(stage(rec))
+    base, delta = rows
+    assert delta.payload["request_json_delta"]["base"] == base.id
+    # The base's text altered behind its back: the rebuilt text fails its sha256.
+    altered = {**base.payload, "request_json": base.payload["request_json"].replace("sonnet", "sonneT")}
+    Interaction.objects.filter(pk=base.pk).update(payload=altered)
+    with pytest.raises(PromptUnrecoverable, match="does not match its sha256"):
+        capture.interaction_publish(interaction_id=delta.id)
+    Interaction.objects.filter(pk=base.pk).delete()
+    with pytest.raises(PromptUnrecoverable, match="is gone"):
+        capture.interaction_publish(interaction_id=delta.id)
+    assert Interaction.objects.get(pk=delta.pk).integrity == Integrity.STAGED  # the sweeper retries it
 
 
 def legacy_payload(interaction: Interaction, rec: capture.CaptureRecord) -> dict:
