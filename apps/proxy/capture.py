@@ -271,10 +271,11 @@ def staged_payload(*, interaction: Interaction) -> dict[str, Any]:
         raise ValueError(f"{interaction.id} is staged without a payload")
     payload = dict(interaction.payload)
     published: prompt_store.Published = {}  # a base's object, read once for both
-    payload["request_json"] = prompt_store.staged_request_text(
-        interaction=interaction, payload=payload, published=published
-    )
-    payload.pop("request_json_delta", None)
+    if "request_json_delta" in payload:
+        payload["request_json"] = prompt_store.staged_request_text(
+            interaction=interaction, payload=payload, published=published
+        )
+        del payload["request_json_delta"]
     payload["prompt_ids"] = prompt_store.staged_prompt_ids(
         interaction=interaction, payload=payload, published=published
     )

@@ -423,9 +423,7 @@ def _request_whole(*, row_id: str, org_id: str, payload: dict[str, Any], links: 
 
 def staged_request_text(*, interaction: Interaction, payload: dict[str, Any], published: Published) -> str:
     """The exact captured request text of a staged interaction (`payload`: its staged JSON
-    payload): stored whole, or rebuilt from its base and checked against its sha256."""
-    if "request_json_delta" not in payload:
-        return payload["request_json"]
+    payload), rebuilt from its base when staged as a delta and checked against its sha256."""
     return _request_whole(
         row_id=interaction.id, org_id=interaction.org_id, payload=payload, links=0, published=published
     ).decode()
