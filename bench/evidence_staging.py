@@ -1,6 +1,6 @@
 """What staging one model call's evidence costs at 100K-token prompts: the prompt ids as a
-JSON list in the payload (as before) and packed, as a delta on the conversation's previous
-call (now), side by side in one run on PostgreSQL.
+JSON list and the request text whole in the payload (as before) and both as deltas on the
+conversation's previous call (now: the ids packed), side by side in one run on PostgreSQL.
 
     .venv/bin/python bench/evidence_staging.py [--calls 12] [--prompt-tokens 100000] [--growth 0.035]
 

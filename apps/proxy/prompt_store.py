@@ -370,9 +370,7 @@ def _rerendered(interaction: Interaction, payload: dict[str, Any]) -> bytes:
     return packed
 
 
-def staged_prompt_ids(
-    *, interaction: Interaction, payload: dict[str, Any], published: Published | None = None
-) -> list[int]:
+def staged_prompt_ids(*, interaction: Interaction, payload: dict[str, Any], published: Published) -> list[int]:
     """The exact prompt ids of a staged interaction (`payload`: its staged JSON payload,
     its request rebuilt)."""
     if interaction.prompt_ids_packed is None:
@@ -380,7 +378,7 @@ def staged_prompt_ids(
             raise PromptUnrecoverable(f"{interaction.id}: staged without prompt ids")
         return list(payload["prompt_ids"])
     try:
-        return unpack(_whole(interaction, links=0, published={} if published is None else published))
+        return unpack(_whole(interaction, links=0, published=published))
     except PromptUnrecoverable as exc:
         logger.warning("%s; re-rendering its captured request", exc)
         return unpack(_rerendered(interaction, payload))
