@@ -175,6 +175,12 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Django's backend, except that the checks of a kept or pooled connection poll its socket
+    # instead of sending a query: a connection the server ended (a restart) is still replaced,
+    # and a quiet one costs no round trip (apps.core.postgresql).
+    DATABASES["default"]["ENGINE"] = "apps.core.postgresql"
+_POSTGRESQL = DATABASES["default"]["ENGINE"] == "apps.core.postgresql"
 # Statements a process runs over and over on a hot path (event appends; see
 # apps.core.bulk.bound_cursor) are prepared once per connection and then only executed:
 # PostgreSQL parses and plans them once. At one event append per transaction that gave 18%
@@ -183,7 +189,7 @@ DATABASES = {
 # transaction mode, the pooler must track prepared statements (PgBouncer 1.21 or later,
 # max_prepared_statements above 0) or this must be off.
 SYNTH_DB_PREPARED_STATEMENTS = env_bool("SYNTH_DB_PREPARED_STATEMENTS", True)
-if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and SYNTH_DB_PREPARED_STATEMENTS:
+if _POSTGRESQL and SYNTH_DB_PREPARED_STATEMENTS:
     # Django sets psycopg's threshold to None (nothing is ever prepared) unless OPTIONS gives
     # one. Only bound_cursor's statements ask for preparation; the number is psycopg's default.
     DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
@@ -437,22 +443,22 @@ SYNTH_PROXY_DB_POOL_SIZE = env_int("SYNTH_PROXY_DB_POOL_SIZE", SYNTH_PROXY_DB_SL
 # as well (synth_project.proxy_asgi). 0: Python's default.
 SYNTH_PROXY_GC_YOUNG_THRESHOLD = env_int("SYNTH_PROXY_GC_YOUNG_THRESHOLD", 20_000, minimum=0)
 SYNTH_PROXY_PROCESS = env_bool("SYNTH_PROXY_PROCESS", False)
-if (
-    SYNTH_PROXY_PROCESS
-    and SYNTH_PROXY_DB_POOL_SIZE
-    and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
-):
+if SYNTH_PROXY_PROCESS and SYNTH_PROXY_DB_POOL_SIZE and _POSTGRESQL:
+    # The pool checks a connection it lends (conn_health_checks, above) by polling its socket
+    # (apps.core.postgresql): a connection the server ended is replaced, not the call failed.
     DATABASES["default"]["CONN_MAX_AGE"] = 0
-    # Django's backend, except that the pool checks a connection it lends (conn_health_checks,
-    # above) by polling its socket instead of sending an empty query: a connection the server
-    # ended (a restart) is still replaced, not the call failed (apps.proxy.postgresql).
-    DATABASES["default"]["ENGINE"] = "apps.proxy.postgresql"
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": min(2, SYNTH_PROXY_DB_POOL_SIZE),
         "max_size": SYNTH_PROXY_DB_POOL_SIZE,
         # A phase waits this long for a connection, then fails as overloaded (a 529).
         "timeout": 10,
     }
+# The gateway's process (gunicorn serving synth_project.wsgi, which marks it before the
+# settings load), and how long it gathers admitted runs before it hands them to the control
+# worker as one message (apps.runs.services.run_schedule_enqueue). 0: a message per run, at
+# once. Other processes always send at once.
+SYNTH_GATEWAY_PROCESS = env_bool("SYNTH_GATEWAY_PROCESS", False)
+SYNTH_GATEWAY_SCHEDULE_BATCH_SECONDS = env_float("SYNTH_GATEWAY_SCHEDULE_BATCH_SECONDS", 0.01, minimum=0.0)
 # How long the proxy's process gathers settled calls before it sends them to the evidence
 # worker as one message (apps.proxy.publish_batch): a message per call cost the proxy more
 # than the call's settle. 0: a message per call, at once. Other processes always send at once.

@@ -290,7 +290,7 @@ def test_a_live_proxy_process_opens_no_connection_per_call(tmp_path):
         assert len(pooled) <= 3  # bounded by SYNTH_PROXY_DB_POOL_SIZE
 
         # The server ends every pooled connection, as a restart does: the pool's check (a
-        # poll of the socket, apps.proxy.postgresql) finds them ended and lends new ones,
+        # poll of the socket, apps.core.postgresql) finds them ended and lends new ones,
         # so no call fails.
         with connection.cursor() as cursor:
             cursor.execute(

@@ -1,4 +1,4 @@
-"""The proxy pool's check of a connection it lends (apps.proxy.postgresql): no round trip for
+"""The checks of a kept or pooled connection (apps.core.postgresql): no round trip for
 a quiet connection, the empty query for one with something to read, and a failure for one the
 server ended. On the real server; the server ends a connection with pg_terminate_backend,
 what a restart does to every client, and nothing is restarted."""
@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from apps.proxy.postgresql.base import connection_check
+from apps.core.postgresql.base import connection_check
 
 pytestmark = pytest.mark.django_db
 
@@ -103,3 +103,44 @@ def test_a_connection_on_a_descriptor_above_select_s_limit_is_checked_like_any(p
         for fd in taken:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.fixture
+def kept() -> Iterator[tuple[object, psycopg.Connection]]:
+    """A Django connection of this process' backend, as a gateway thread or a worker keeps one
+    between requests, and an admin connection watching it."""
+    from django.db import connections
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the backend is PostgreSQL's")
+    wrapper = connections.create_connection("default")
+    wrapper.ensure_connection()
+    try:
+        with psycopg.connect(_url(), autocommit=True) as admin:
+            yield wrapper, admin
+    finally:
+        wrapper.close()
+
+
+def test_the_health_check_of_a_quiet_kept_connection_makes_no_round_trip(kept):
+    wrapper, admin = kept
+    assert type(wrapper).__module__ == "apps.core.postgresql.base"  # what settings choose
+    with wrapper.cursor() as cursor:
+        cursor.execute("SELECT 'the request before'")
+    wrapper.health_check_done = False  # a new request's first use
+    wrapper.close_if_health_check_failed()
+    assert wrapper.connection is not None
+    assert _last_query(admin, wrapper.connection.info.backend_pid) == "SELECT 'the request before'"
+
+
+def test_a_kept_connection_the_server_ended_is_replaced_before_its_next_request(kept):
+    wrapper, admin = kept
+    ended = wrapper.connection.info.backend_pid
+    admin.execute("SELECT pg_terminate_backend(%s)", [ended])
+    assert select.select([wrapper.connection.fileno()], [], [], 30)[0], "the server did not end the connection"
+    wrapper.health_check_done = False
+    wrapper.close_if_health_check_failed()  # the check fails: Django closes it
+    assert wrapper.connection is None
+    with wrapper.cursor() as cursor:  # the request's first query opens a new one
+        cursor.execute("SELECT pg_backend_pid()")
+        assert cursor.fetchone()[0] != ended
