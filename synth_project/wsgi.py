@@ -9,6 +9,8 @@ from django.core.handlers.wsgi import WSGIHandler
 from django.http import HttpResponseBase
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synth_project.settings")
+# Read by the settings: what only the gateway's process does (settings.SYNTH_GATEWAY_PROCESS).
+os.environ.setdefault("SYNTH_GATEWAY_PROCESS", "true")
 django.setup(set_prefix=False)
 
 GATEWAY_URLCONF = "synth_project.gateway_urls"

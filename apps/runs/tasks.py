@@ -19,6 +19,15 @@ def run_schedule_task(run_id: str) -> None:
     run_schedule(run_id=run_id)
 
 
+# The gateway's batches (apps.runs.services.run_schedule_enqueue): each run as "runs.schedule"
+# would, in turn. Idempotent, as that one is.
+@shared_task(name="runs.schedule_many", acks_late=True, soft_time_limit=120, time_limit=180)
+def run_schedule_many_task(run_ids: list[str]) -> None:
+    from apps.runs.services import run_schedule_many
+
+    run_schedule_many(run_ids=run_ids)
+
+
 @shared_task(name="runs.dispatch", acks_late=True, soft_time_limit=120, time_limit=180)
 def run_dispatch_task(run_id: str) -> None:
     # Idempotent: expansion happens once, guarded by the run's status.

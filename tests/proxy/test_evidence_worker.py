@@ -124,7 +124,8 @@ def test_a_batch_is_published_by_a_real_worker_past_a_row_that_fails(evidence_wo
     # The proxy's batch message: every row of it published and verified, a row that cannot
     # be published (staged without its payload) in the middle notwithstanding: that one is
     # handed on to evidence.publish, which retries it on its own.
-    from apps.proxy.publish_batch import PublishBatcher, _send_batch
+    from apps.core.send_batch import SendBatcher
+    from apps.proxy.publish_batch import _send_batch
     from tests.proxy.test_capture import ids_of, record
 
     alice = make_member("team", "alice")
@@ -136,7 +137,7 @@ def test_a_batch_is_published_by_a_real_worker_past_a_row_that_fails(evidence_wo
         rows.append(row)
     broken = rows[2]
     Interaction.objects.filter(pk=broken.pk).update(payload=None)
-    batcher = PublishBatcher(send=_send_batch, seconds=60)
+    batcher = SendBatcher(send=_send_batch, seconds=60, what="evidence.publish_many")
     for row in rows:
         batcher.add(row.id)
     batcher.flush()
