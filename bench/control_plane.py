@@ -9,7 +9,8 @@ shape, packed and uploaded as `synth dataset push` does).
 Prints figures; asserts nothing; the last line is one JSON object: {"submissions_per_s",
 "event_appends_per_s", "event_appends_batched_per_s", "cancel_10k_s", "push_10k_s"} (with
 the load average; "submission_floor_per_s", the same server and clients answering GET
-/healthz, the cheapest request there is; "event_appends_parallel_per_s" with its floor
+/healthz, the cheapest request there is; "bare_commits_per_s", the floor of the appends one
+per transaction: one process committing bare INSERTs; "event_appends_parallel_per_s" with its floor
 "bare_commits_parallel_per_s": --writers processes appending at once, one event per
 transaction, against as many processes committing bare INSERTs). The database named in
 DATABASE_URL is created if missing and its tables are migrated; rows are left behind for
@@ -222,6 +223,7 @@ def main() -> None:
         figures["event_appends_per_s"] = round(args.events / elapsed)
         print(f"event append (one per transaction, one run): {args.events / elapsed:,.0f} events/s")
         bare = bare_commits_per_s(n=min(args.events, 2000))
+        figures["bare_commits_per_s"] = round(bare)
         print(
             f"bare INSERT + COMMIT (one row per transaction, same database and driver): {bare:,.0f}/s "
             "(the commit's WAL flush bounds the appends above)"
