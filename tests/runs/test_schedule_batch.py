@@ -16,8 +16,9 @@ import redis
 from django.db import connection
 
 from apps.runs.models import Run, RunStatus
-from apps.runs.services import SCHEDULES, run_schedule_many
+from apps.runs.services import SCHEDULES, run_schedule_many, run_submit
 from tests.trials.conftest import ROOT, Stack, stack  # noqa: F401 - the stack fixture, shared
+from tests.trials.test_recovery import free_port
 
 
 @pytest.fixture(autouse=True)
@@ -51,8 +52,6 @@ def test_the_gateways_submissions_go_to_the_control_queue_as_one_message(
 
 
 def test_a_batch_schedules_every_run_past_one_that_fails(alice, inputs, caplog):
-    from apps.runs.services import run_submit
-
     runs = [run_submit(org=alice.org, user=None, idempotency_key=f"k-{n}", body=inputs["body"])[0] for n in range(3)]
     assert {run.status for run in runs} == {RunStatus.ACCEPTED}
     run_schedule_many(run_ids=[runs[0].id, "run_gone", runs[1].id, runs[2].id])
@@ -65,7 +64,7 @@ def test_runs_submitted_to_a_gunicorn_gateway_are_scheduled_by_the_control_worke
     # The deployed shape: gunicorn marks its process as the gateway, its threads' admitted
     # runs leave in "runs.schedule_many" messages, and a real control worker schedules them.
     db = connection.settings_dict
-    port = _free_port()
+    port = free_port()
     gateway = subprocess.Popen(
         [str(ROOT / ".venv/bin/gunicorn"), "synth_project.wsgi", "-c", "deploy/gunicorn.conf.py"]
         + ["-b", f"127.0.0.1:{port}", "-w", "1"],
@@ -109,14 +108,6 @@ def test_runs_submitted_to_a_gunicorn_gateway_are_scheduled_by_the_control_worke
     assert worker.poll() is None
     log = (stack.tmp / "control.log").read_text(errors="replace")
     assert "runs.schedule_many" in log and "runs.schedule[" not in log, log[-3000:]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str) -> int | None:
