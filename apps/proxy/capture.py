@@ -147,12 +147,8 @@ def _request_bytes(request: dict[str, Any]) -> bytes:
         return json.dumps(request, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def _request_text(request: dict[str, Any]) -> str:
-    return _request_bytes(request).decode()
-
-
 def _payload(
-    interaction_id: str, rec: CaptureRecord, logprobs: list[float | None], request_text: str | None = None
+    interaction_id: str, rec: CaptureRecord, logprobs: list[float | None], request_text: str
 ) -> dict[str, Any]:
     return {
         "format": PAYLOAD_FORMAT,
@@ -173,7 +169,7 @@ def _payload(
         # JSON text, not an object: the template serializes tool schemas and arguments in
         # their key order, which JSONB storage and canonical JSON (sorted keys) would not
         # keep. json.loads of this string re-renders to exactly `prompt_ids`.
-        "request_json": _request_text(rec.request) if request_text is None else request_text,
+        "request_json": request_text,
         "sampling": rec.sampling,
         "fitting": rec.fitting,
         "original_prompt_tokens": rec.original_prompt_tokens,

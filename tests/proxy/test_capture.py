@@ -697,12 +697,12 @@ def test_a_session_of_extending_requests_is_staged_as_deltas(alice, stage):
 
     assert "request_json_delta" not in rows[0].payload
     for previous, row, request, before in zip(rows, rows[1:], requests[1:], requests, strict=False):
-        text = capture._request_text(request).encode()
+        text = capture._request_bytes(request)
         delta = row.payload["request_json_delta"]
         assert "request_json" not in row.payload and delta["base"] == previous.id
         # What is stored is the new messages and the moved cache marker; the tools after
         # the messages are shared.
-        assert len(delta["middle"].encode()) < len(text) - len(capture._request_text(before).encode()) + 100
+        assert len(delta["middle"].encode()) < len(text) - len(capture._request_bytes(before)) + 100
         assert delta["suffix"] > 10_000
         assert delta["sha256"] == hashlib.sha256(text).hexdigest()
     for row, request in zip(rows, requests, strict=True):
@@ -715,7 +715,7 @@ def test_a_session_of_extending_requests_is_staged_as_deltas(alice, stage):
         )
         payload = json.loads(object_read(obj=stored))
         assert "request_json_delta" not in payload
-        assert payload["request_json"] == capture._request_text(requests[index])
+        assert payload["request_json"] == capture._request_bytes(requests[index]).decode()
 
 
 def test_request_deltas_cut_between_characters_and_only_when_they_share_enough():
@@ -776,7 +776,9 @@ def test_an_unrebuildable_request_is_an_error_not_a_wrong_request(alice, stage):
 
 def legacy_payload(interaction: Interaction, rec: capture.CaptureRecord) -> dict:
     logprobs, _ = capture.finite_floats(rec.logprobs)
-    return json.loads(json.dumps(capture._payload(interaction.id, rec, logprobs)))
+    return json.loads(
+        json.dumps(capture._payload(interaction.id, rec, logprobs, capture._request_bytes(rec.request).decode()))
+    )
 
 
 def test_settling_the_row_it_staged_reads_nothing_and_settles_once(alice, published, django_assert_num_queries):
@@ -814,8 +816,8 @@ def test_the_request_text_loads_back_to_the_request_in_its_key_order():
         '"messages": [{"role": "user", "content": [{"type": "text", "text": "</script> \\\\ \\"q\\" \\u0001"}]}]}'
     )
     request = json_loads_strict(body)
-    text = capture._request_text(request)
+    text = capture._request_bytes(request)
     assert json.loads(text) == request and list(json.loads(text)["tools"][0]["input_schema"]) == ["type", "z", "a", "m"]
-    assert text.encode() == orjson.dumps(request)  # the fast path, not the fallback
+    assert text == orjson.dumps(request)  # the fast path, not the fallback
     wide = {"metadata": {"n": 2**70}, "messages": []}
-    assert json.loads(capture._request_text(wide)) == wide
+    assert json.loads(capture._request_bytes(wide)) == wide
