@@ -10,9 +10,12 @@ Prints figures; asserts nothing; the last line is one JSON object: {"submissions
 "event_appends_per_s", "event_appends_batched_per_s", "cancel_10k_s", "push_10k_s"} (with
 the load average; "submission_floor_per_s", the same server and clients answering GET
 /healthz, the cheapest request there is; "bare_commits_per_s", the floor of the appends one
-per transaction: one process committing bare INSERTs; "event_appends_parallel_per_s" with its floor
-"bare_commits_parallel_per_s": --writers processes appending at once, one event per
-transaction, against as many processes committing bare INSERTs). The database named in
+per transaction: one process committing bare INSERTs as they run, as a lone append commits;
+"event_appends_in_transaction_per_s" with its floor "bare_commits_in_transaction_per_s":
+each append alone inside a transaction, BEGIN and COMMIT round trips included;
+"event_appends_parallel_per_s" with its floor "bare_commits_parallel_per_s": --writers
+processes appending at once, one event per transaction, against as many processes
+committing bare INSERTs). The database named in
 DATABASE_URL is created if missing and its tables are migrated; rows are left behind for
 inspection.
 """
@@ -114,6 +117,7 @@ def main() -> None:
 
     call_command("migrate", verbosity=0)
     from apps.accounts.services import membership_set, org_get_or_create, token_issue
+    from apps.runs.events import event_append_alone
     from apps.runs.models import Run
     from apps.runs.services import event_append, events_append
     from tests.factories import make_dataset_version, make_profile_version
@@ -214,20 +218,30 @@ def main() -> None:
             f"{args.submissions / elapsed:,.0f} requests/s"
         )
 
+        # One event per transaction. An event that records no other write is its own
+        # transaction: the append's one statement, committed as it runs (one round trip).
+        # Inside a caller's transaction it costs two more round trips, BEGIN and COMMIT:
+        # figures for both, each beside bare INSERTs committed the same way.
         run = Run.objects.filter(org=org).first()
+        t0 = time.perf_counter()
+        for i in range(args.events):
+            event_append_alone(run_id=run.id, type="progress.tick", data={"i": i})
+        elapsed = time.perf_counter() - t0
+        figures["event_appends_per_s"] = round(args.events / elapsed)
+        print(f"event append (its own transaction, one run): {args.events / elapsed:,.0f} events/s")
+        bare = bare_commits_per_s(n=min(args.events, 2000), in_transaction=False)
+        figures["bare_commits_per_s"] = round(bare)
+        print(f"bare INSERT committed as it runs (same database and driver): {bare:,.0f}/s")
         t0 = time.perf_counter()
         for i in range(args.events):
             with transaction.atomic():
                 event_append(run_id=run.id, type="progress.tick", data={"i": i})
         elapsed = time.perf_counter() - t0
-        figures["event_appends_per_s"] = round(args.events / elapsed)
-        print(f"event append (one per transaction, one run): {args.events / elapsed:,.0f} events/s")
-        bare = bare_commits_per_s(n=min(args.events, 2000))
-        figures["bare_commits_per_s"] = round(bare)
-        print(
-            f"bare INSERT + COMMIT (one row per transaction, same database and driver): {bare:,.0f}/s "
-            "(the commit's WAL flush bounds the appends above)"
-        )
+        figures["event_appends_in_transaction_per_s"] = round(args.events / elapsed)
+        print(f"event append (alone in a transaction: BEGIN, append, COMMIT): {args.events / elapsed:,.0f} events/s")
+        bare = bare_commits_per_s(n=min(args.events, 2000), in_transaction=True)
+        figures["bare_commits_in_transaction_per_s"] = round(bare)
+        print(f"bare INSERT alone in a transaction: {bare:,.0f}/s")
 
         bursts = max(1, args.events * 4 // args.burst)
         t0 = time.perf_counter()
@@ -246,7 +260,7 @@ def main() -> None:
         # Many writers at once, as a fleet's trials workers are: processes of their own (not
         # threads sharing one interpreter), each appending to its own run, one event per
         # transaction; side by side with the same number of processes committing bare
-        # INSERTs. Concurrent commits share WAL flushes, so both exceed one writer's rate.
+        # INSERTs. Concurrent commits share WAL flushes, and the round trips overlap.
         runs = list(Run.objects.filter(org=org).values_list("id", flat=True)[: args.writers])
         per = args.events // len(runs)
         parallel = writers_rate(kind="append", run_ids=runs, n=per)
@@ -287,20 +301,19 @@ def _writer(kind: str, run_id: str, n: int, barrier: Any, out: Any) -> None:
     import django
 
     django.setup()
-    from django.db import connection, transaction
+    from django.db import connection
 
-    from apps.runs.services import event_append
+    from apps.runs.events import event_append_alone
 
     connection.ensure_connection()
     barrier.wait()
     t0 = time.time()
     for i in range(n):
-        with transaction.atomic():
-            if kind == "append":
-                event_append(run_id=run_id, type="progress.tick", data={"i": i})
-            else:
-                with connection.cursor() as cursor:
-                    cursor.execute("INSERT INTO bench_bare_commit (v) VALUES (%s)", [i])
+        if kind == "append":
+            event_append_alone(run_id=run_id, type="progress.tick", data={"i": i})
+        else:
+            with connection.cursor() as cursor:
+                cursor.execute("INSERT INTO bench_bare_commit (v) VALUES (%s)", [i])
     out.put((t0, time.time()))
 
 
@@ -322,16 +335,16 @@ def writers_rate(*, kind: str, run_ids: list[str], n: int) -> float:
     return n * len(run_ids) / (max(end for _, end in spans) - min(start for start, _ in spans))
 
 
-def bare_commits_per_s(*, n: int) -> float:
-    """Transactions per second of one plain INSERT each, through the same connection and
-    transaction handling as event_append: what the commit's WAL flush allows, side by side
-    with the appends."""
+def bare_commits_per_s(*, n: int, in_transaction: bool) -> float:
+    """Plain INSERTs per second, each committed as it runs (``in_transaction`` False) or
+    alone in a transaction (BEGIN, INSERT, COMMIT), through the same connection handling as
+    the appends: their floors, side by side with them."""
     from django.db import connection, transaction
 
     with bare_commit_table():
         t0 = time.perf_counter()
         for i in range(n):
-            with transaction.atomic(), connection.cursor() as cursor:
+            with transaction.atomic() if in_transaction else contextlib.nullcontext(), connection.cursor() as cursor:
                 cursor.execute("INSERT INTO bench_bare_commit (v) VALUES (%s)", [i])
         return n / (time.perf_counter() - t0)
 

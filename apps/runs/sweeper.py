@@ -41,7 +41,7 @@ from django.utils import timezone
 
 from apps.runs import signals
 from apps.runs.dispatch import run_dispatch, trials_enqueue
-from apps.runs.events import event_append
+from apps.runs.events import event_append, event_append_alone
 from apps.runs.leases import leases_reap
 from apps.runs.models import (
     TRIAL_TERMINAL,
@@ -72,8 +72,10 @@ def sweep_note(*, run_id: str, action: str, why: str, ids: list[str] | None = No
     if ids is not None:
         data["count"] = len(ids)
         data["ids"] = ids[:50]
-    with transaction.atomic():
+    if transaction.get_connection().in_atomic_block:  # noted with the re-drive's writes
         event_append(run_id=run_id, type="sweep.redriven", data=data)
+    else:
+        event_append_alone(run_id=run_id, type="sweep.redriven", data=data)
 
 
 def _noted(*, run_id: str, action: str, why: str, redrive: Callable[[], bool]) -> bool:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 import threading
 import time
 
@@ -166,6 +167,51 @@ def test_an_append_is_one_statement_on_postgresql(alice, inputs):
     assert list(RunEvent.objects.filter(run_id=run_id).order_by("seq").values_list("seq", flat=True)) == list(
         range(1, 112)
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lone_append_is_its_own_transaction_and_refuses_to_run_inside_one(alice, inputs):
+    import psycopg
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.core.errors import NotFound
+    from apps.runs.events import event_append_alone
+
+    run_id = alice.client.post("/api/runs", inputs["body"], format="json").json()["id"]  # seq 1: run.created
+    first = event_append_alone(run_id=run_id, type="progress.tick", data={"i": 0})
+    if connection.vendor == "postgresql":
+        # libpq's own trace of what goes on the wire: one statement, no BEGIN, no COMMIT.
+        pgconn = connection.connection.pgconn
+        with tempfile.TemporaryFile() as trace:
+            pgconn.trace(trace.fileno())
+            pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+            with CaptureQueriesContext(connection) as captured:
+                second = event_append_alone(run_id=run_id, type="progress.tick", data={"i": 1})
+            pgconn.untrace()
+            trace.seek(0)
+            sent = [line for line in trace.read().decode().splitlines() if line.startswith("F")]
+        assert len(captured.captured_queries) == 1
+        assert sum("Execute" in line for line in sent) == 1 and not any(
+            "BEGIN" in line or "COMMIT" in line for line in sent
+        ), sent
+    else:
+        second = event_append_alone(run_id=run_id, type="progress.tick", data={"i": 1})
+    assert (first.seq, second.seq) == (2, 3)
+    if connection.vendor == "postgresql":
+        # Committed: no transaction is left open and another connection reads both events.
+        assert connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        params = connection.get_connection_params()
+        with psycopg.connect(**{k: v for k, v in params.items() if k not in {"cursor_factory", "context"}}) as other:
+            seen = other.execute("SELECT seq, data FROM runs_runevent WHERE run_id = %s ORDER BY seq", [run_id])
+            assert [(seq, data.get("i")) for seq, data in seen.fetchall()] == [(1, None), (2, 0), (3, 1)]
+    # Inside a transaction it would not stand alone: an error, and nothing appended.
+    with transaction.atomic():
+        with pytest.raises(RuntimeError, match="outside a transaction"):
+            event_append_alone(run_id=run_id, type="progress.tick")
+    with pytest.raises(NotFound):
+        event_append_alone(run_id="run_missing", type="progress.tick")
+    assert list(RunEvent.objects.filter(run_id=run_id).values_list("seq", flat=True).order_by("seq")) == [1, 2, 3]
 
 
 @pytest.mark.django_db
