@@ -65,7 +65,8 @@ def test_proxy_overhead_prints_figures() -> None:
     assert figures["tools"] == 24 and figures["tools_json_ms"] > 0 and figures["tools_memo_ms"] > 0
 
 
-def test_proxy_load_prints_figures() -> None:
+@pytest.mark.parametrize("client", ["httpx", "aiohttp"])
+def test_proxy_load_prints_figures(client: str) -> None:
     url = os.environ.get("DATABASE_URL", "")
     if not url.startswith("postgres"):
         pytest.skip("proxy_load needs PostgreSQL (DATABASE_URL)")
@@ -73,13 +74,14 @@ def test_proxy_load_prints_figures() -> None:
     out = run_bench(
         "proxy_load.py",
         *("--sessions", "4", "--turns", "2", "--max-seconds", "60", "--long-tokens", "24000"),
-        *("--database-url", database, "--workers", "2"),
+        *("--database-url", database, "--workers", "2", "--client", client),
     )
     for line in ("completed calls:", "TTFB (first SSE byte", "done (message_stop):", "proxy event-loop lag"):
         assert line in out, out
     figures = json.loads(out.strip().splitlines()[-1])
-    # Two proxy processes, each serving the floor's recorded answer whole.
+    # Two proxy processes, each serving the floor's recorded answer whole, to the client asked for.
     assert figures["proxy_processes"] == 2 and figures["errors"] == 0, out
+    assert figures["client"] == client and figures["client_cpu_ms_per_call"] > 0, out
     assert "2 uvicorn processes" in out and "errors: none; proxy/floor" in out, out
     # The proxy's processes were measured working (their CPU summed over both).
     assert figures["proxy_cpu_ms_per_call"] > 0, out
