@@ -205,12 +205,13 @@ def serve(port: int, lag_file: str, probe_ms: float, workers: int = 1) -> None:
                     out.flush()
                     last_flush = now
 
+    # Keep-alive as deployed (deploy/k8s/proxy.yaml): with uvicorn's 5 s default, every
+    # connection idle between the phases is closed and the next phase opens 200 at once.
+    # Lifespan on, as uvicorn runs it deployed: the proxy's startup loads its routes'
+    # tokenizers and imports before the process accepts a connection (apps.proxy.warmup).
+    config = uvicorn.Config(app, lifespan="on", log_level="warning", timeout_keep_alive=75)
+
     async def main() -> None:
-        # Keep-alive as deployed (deploy/k8s/proxy.yaml): with uvicorn's 5 s default, every
-        # connection idle between the phases is closed and the next phase opens 200 at once.
-        # Lifespan on, as uvicorn runs it deployed: the proxy's startup loads its routes'
-        # tokenizers and imports before the process accepts a connection (apps.proxy.warmup).
-        config = uvicorn.Config(app, lifespan="on", log_level="warning", timeout_keep_alive=75)
         server = uvicorn.Server(config)
         task = asyncio.create_task(probe())
         try:
@@ -218,7 +219,9 @@ def serve(port: int, lag_file: str, probe_ms: float, workers: int = 1) -> None:
         finally:
             task.cancel()
 
-    asyncio.run(main())
+    # The event loop uvicorn's command line runs, as deployed (--loop auto: uvloop, installed
+    # from requirements.txt); a bare asyncio.run would measure the standard library's loop.
+    asyncio.run(main(), loop_factory=config.get_loop_factory())
     for pid in children:
         os.kill(pid, signal.SIGTERM)
     for pid in children:
