@@ -46,9 +46,10 @@ warm-up and sent event by event as the proxy sends them. The same sessions run a
 right after the proxy's load, so the proxy's calls/s is compared with what this machine,
 this uvicorn and this client can do at best, in the same run (a shared machine's load
 moves both), repeated until it has run as long as the proxy's phase. The floor is bound by
-the client more than by the server: with httpx it measured 980 calls/s, with aiohttp 2,300 to
-2,370 in the same minutes, while the proxy's own calls/s did not move (310 to 340 with
-either). A floor ratio is therefore that of one client; "client" in the JSON says which.
+the client more than by the server: with httpx it measured 1,040 to 1,150 calls/s, with
+aiohttp 2,620 to 2,780 in the same minutes, while the proxy's own calls/s stayed within 305
+to 360 with either. A floor ratio is therefore that of one client; "client" in the JSON
+says which.
 
 PostgreSQL CPU per call: pg_stat_statements counts neither connection set-up nor the
 backends' own work outside statements, so it is read from /proc: the CPU time (utime +
@@ -382,13 +383,13 @@ def sse_events(buffer: bytearray) -> list[tuple[str, dict[str, Any]]]:
 
 
 # The load's HTTP client (--client). httpx is the transport of the anthropic and openai Python
-# SDKs; aiohttp spends about half its interpreter time per call (0.23 cores against 0.46 at
-# 300 calls/s), so less of a 2-core machine goes to the client, whose own loop lag is part of
+# SDKs; aiohttp spends about half its interpreter time per call (0.7-0.8 ms against 1.3-1.5),
+# so less of a 2-core machine goes to the client, whose own loop lag is part of
 # every latency measured, and the floor is less bound by the client.
 CLIENTS = ("httpx", "aiohttp")
 
 
-def clients_open(stack: contextlib.AsyncExitStack, *, kind: str, base: str, n: int, timeout: float) -> Any:
+async def clients_open(stack: contextlib.AsyncExitStack, *, kind: str, base: str, n: int, timeout: float) -> list[Any]:
     """``n`` clients of ``kind``, each holding one keep-alive connection, closed with ``stack``."""
     if kind == "aiohttp":
         import aiohttp
@@ -405,10 +406,7 @@ def clients_open(stack: contextlib.AsyncExitStack, *, kind: str, base: str, n: i
         def make() -> Any:
             return httpx.AsyncClient(base_url=base, timeout=timeout)
 
-    async def opened() -> list[Any]:
-        return [await stack.enter_async_context(make()) for _ in range(n)]
-
-    return opened()
+    return [await stack.enter_async_context(make()) for _ in range(n)]
 
 
 def transport_errors() -> tuple[type[BaseException], ...]:
