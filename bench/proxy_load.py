@@ -69,7 +69,9 @@ within 10% of the target, each warm (the call before made its prefix-cache entry
 
 The last line is one JSON object: sessions, calls_per_s, ttfb_p50_ms, ttfb_p99_ms,
 floor_calls_per_s, pg_cpu_ms_per_call, loop_lag_p99_ms, warm_long_added_ms (and the
-figures' context: floor ratio, the floor's own TTFB p50 and p99, pg_cpu_source,
+figures' context: floor ratio, the floor's own TTFB p50 and p99, the TTFB p99 of the
+sessions' opening calls, all sent at the same instant, and of the later calls (the floor's
+too), pg_cpu_source,
 load_avg_1m, errors, warm_long_tokens, warm_long_added_p99_ms, warm_long_ttfb_added_ms,
 warm_long_staged_kb: what staging wrote per warm call, the payload TOAST-compressed and the
 packed prompt ids).
@@ -118,6 +120,11 @@ def pct(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def p99_ms(values: list[float]) -> float | None:
+    """The p99 in ms for the JSON line (None, not NaN, when there is nothing to rank)."""
+    return round(pct(values, 0.99) * 1000, 1) if values else None
 
 
 def ms(values: list[float]) -> str:
@@ -360,6 +367,10 @@ def cpu_seconds(pid: int) -> float:
 @dataclass
 class Stats:
     ttfb: list[float] = field(default_factory=list)
+    # The same TTFBs split: each session's opening call (the sessions send theirs at the same
+    # instant, a burst of new conversations) and the calls after it.
+    ttfb_opening: list[float] = field(default_factory=list)
+    ttfb_later: list[float] = field(default_factory=list)
     content: list[float] = field(default_factory=list)
     done: list[float] = field(default_factory=list)
     prompt_tokens: list[int] = field(default_factory=list)
@@ -457,9 +468,10 @@ async def one_call(
     *,
     path: str = MESSAGES_PATH,
     record: bytearray | None = None,
+    opening: bool = False,
 ) -> list[dict[str, Any]]:
     """One streaming call; the assistant's blocks (the raw SSE bytes into `record`). Raises
-    Failed (counted in stats)."""
+    Failed (counted in stats). ``opening``: the session's first call."""
     body = conv.request(max_tokens=4096)
     headers = {**conv.headers(), "x-api-key": secret}
     blocks: list[dict[str, Any]] = []
@@ -513,6 +525,7 @@ async def one_call(
         if blocks[index].get("type") == "tool_use" and text:
             blocks[index]["input"] = json.loads(text)
     stats.ttfb.append(first - t0)
+    (stats.ttfb_opening if opening else stats.ttfb_later).append(first - t0)
     stats.content.append((content or done) - t0)
     stats.done.append(done - t0)
     return blocks
@@ -545,7 +558,9 @@ async def session(
             if record is not None:
                 record.clear()  # the last answer is what is kept
             try:
-                blocks = await one_call(client, conv, secret, stats, args.timeout, path=path, record=record)
+                blocks = await one_call(
+                    client, conv, secret, stats, args.timeout, path=path, record=record, opening=calls == 0
+                )
                 break
             except Failed as exc:
                 if not exc.retryable:
@@ -782,6 +797,7 @@ async def load(base: str, secrets: list[str], args: argparse.Namespace, proxy_pi
         while floor_elapsed < elapsed or not floor_calls:
             more, more_calls, more_elapsed = await run_phase(clients, secrets, args, path=f"{FLOOR_PREFIX}v1/messages")
             floor.ttfb += more.ttfb
+            floor.ttfb_later += more.ttfb_later
             floor.errors += more.errors
             floor_calls += more_calls
             floor_elapsed += more_elapsed
@@ -801,6 +817,10 @@ async def load(base: str, secrets: list[str], args: argparse.Namespace, proxy_pi
     )
     print(f"errors: {dict(stats.errors) if stats.errors else 'none'}; retried calls: {stats.retried}")
     print(f"TTFB (first SSE byte, message_start): {ms(stats.ttfb)}")
+    print(
+        f"  of the sessions' opening calls (sent at the same instant): {ms(stats.ttfb_opening)}; "
+        f"of the later calls: {ms(stats.ttfb_later)} (the floor's later calls: {ms(floor.ttfb_later)})"
+    )
     print(f"first content event (after sampling + staging): {ms(stats.content)}")
     print(f"done (message_stop): {ms(stats.done)}")
     print(
@@ -836,6 +856,9 @@ async def load(base: str, secrets: list[str], args: argparse.Namespace, proxy_pi
         # sends its next call at once, so a call waits behind the others (sessions / rate).
         "floor_ttfb_p50_ms": round(pct(floor.ttfb, 0.5) * 1000, 1),
         "floor_ttfb_p99_ms": round(pct(floor.ttfb, 0.99) * 1000, 1),
+        "ttfb_opening_p99_ms": p99_ms(stats.ttfb_opening),
+        "ttfb_later_p99_ms": p99_ms(stats.ttfb_later),
+        "floor_ttfb_later_p99_ms": p99_ms(floor.ttfb_later),
         "pg_cpu_ms_per_call": round(pg_database * 1000 / max(1, total), 2),
         # The steadiest figure to compare two versions of the proxy by: calls/s and the floor
         # move with whatever else the machine does, CPU per call much less.

@@ -82,6 +82,9 @@ def test_proxy_load_prints_figures(client: str) -> None:
     # Two proxy processes, each serving the floor's recorded answer whole, to the client asked for.
     assert figures["proxy_processes"] == 2 and figures["errors"] == 0, out
     assert figures["client"] == client and figures["client_cpu_ms_per_call"] > 0, out
+    # TTFB split between the sessions' opening calls and the later ones (2 turns: both kinds).
+    assert "of the sessions' opening calls" in out, out
+    assert all(figures[k] > 0 for k in ("ttfb_opening_p99_ms", "ttfb_later_p99_ms", "floor_ttfb_later_p99_ms")), out
     assert "2 uvicorn processes" in out and "errors: none; proxy/floor" in out, out
     # The proxy's processes were measured working (their CPU summed over both).
     assert figures["proxy_cpu_ms_per_call"] > 0, out
