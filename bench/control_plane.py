@@ -117,9 +117,8 @@ def main() -> None:
 
     call_command("migrate", verbosity=0)
     from apps.accounts.services import membership_set, org_get_or_create, token_issue
-    from apps.runs.events import event_append_alone
     from apps.runs.models import Run
-    from apps.runs.services import event_append, events_append
+    from apps.runs.services import events_append
     from tests.factories import make_dataset_version, make_profile_version
 
     stamp = str(int(time.time()))
@@ -223,25 +222,18 @@ def main() -> None:
         # Inside a caller's transaction it costs two more round trips, BEGIN and COMMIT:
         # figures for both, each beside bare INSERTs committed the same way.
         run = Run.objects.filter(org=org).first()
-        t0 = time.perf_counter()
-        for i in range(args.events):
-            event_append_alone(run_id=run.id, type="progress.tick", data={"i": i})
-        elapsed = time.perf_counter() - t0
-        figures["event_appends_per_s"] = round(args.events / elapsed)
-        print(f"event append (its own transaction, one run): {args.events / elapsed:,.0f} events/s")
-        bare = bare_commits_per_s(n=min(args.events, 2000), in_transaction=False)
-        figures["bare_commits_per_s"] = round(bare)
-        print(f"bare INSERT committed as it runs (same database and driver): {bare:,.0f}/s")
-        t0 = time.perf_counter()
-        for i in range(args.events):
-            with transaction.atomic():
-                event_append(run_id=run.id, type="progress.tick", data={"i": i})
-        elapsed = time.perf_counter() - t0
-        figures["event_appends_in_transaction_per_s"] = round(args.events / elapsed)
-        print(f"event append (alone in a transaction: BEGIN, append, COMMIT): {args.events / elapsed:,.0f} events/s")
-        bare = bare_commits_per_s(n=min(args.events, 2000), in_transaction=True)
-        figures["bare_commits_in_transaction_per_s"] = round(bare)
-        print(f"bare INSERT alone in a transaction: {bare:,.0f}/s")
+        for in_transaction, suffix, how in (
+            (False, "", "its own transaction"),
+            (True, "_in_transaction", "alone in a transaction: BEGIN, append, COMMIT"),
+        ):
+            rate = appends_per_s(run_id=run.id, n=args.events, in_transaction=in_transaction)
+            bare = bare_commits_per_s(n=min(args.events, 2000), in_transaction=in_transaction)
+            figures[f"event_appends{suffix}_per_s"] = round(rate)
+            figures[f"bare_commits{suffix}_per_s"] = round(bare)
+            print(
+                f"event append ({how}, one run): {rate:,.0f} events/s; "
+                f"bare INSERTs committed the same way (same database and driver): {bare:,.0f}/s"
+            )
 
         bursts = max(1, args.events * 4 // args.burst)
         t0 = time.perf_counter()
@@ -333,6 +325,23 @@ def writers_rate(*, kind: str, run_ids: list[str], n: int) -> float:
             for proc in procs:
                 proc.join(timeout=60)
     return n * len(run_ids) / (max(end for _, end in spans) - min(start for start, _ in spans))
+
+
+def appends_per_s(*, run_id: str, n: int, in_transaction: bool) -> float:
+    """Event appends per second to one run, each its own transaction (``in_transaction``
+    False: the append's one statement, committed as it runs) or alone in one."""
+    from django.db import transaction
+
+    from apps.runs.events import event_append, event_append_alone
+
+    t0 = time.perf_counter()
+    for i in range(n):
+        if in_transaction:
+            with transaction.atomic():
+                event_append(run_id=run_id, type="progress.tick", data={"i": i})
+        else:
+            event_append_alone(run_id=run_id, type="progress.tick", data={"i": i})
+    return n / (time.perf_counter() - t0)
 
 
 def bare_commits_per_s(*, n: int, in_transaction: bool) -> float:
