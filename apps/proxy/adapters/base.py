@@ -78,7 +78,10 @@ class ChatAdapter(ABC):
         return len(self.render(request=request).token_ids)
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        # The "fast" batch skips the character offsets of each token (the ids are the same):
+        # nothing here reads offsets, and tracking them was about a fifth of a text's
+        # tokenization, one of the proxy's largest costs per call.
+        return self.tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)

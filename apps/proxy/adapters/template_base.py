@@ -99,8 +99,9 @@ class TemplateAdapter(ChatAdapter):
             else:
                 known[chunk] = cached
         if missing:
-            # One call into the Rust tokenizer for everything new (it parallelizes a batch).
-            encoded = self.tokenizer.encode_batch(missing, add_special_tokens=False)
+            # One call into the Rust tokenizer for everything new (it parallelizes a batch),
+            # without character offsets (ChatAdapter.encode says why).
+            encoded = self.tokenizer.encode_batch_fast(missing, add_special_tokens=False)
             for chunk, enc in zip(missing, encoded, strict=True):
                 known[chunk] = enc.ids
                 if len(chunk) >= CACHE_MIN_CHARS:
