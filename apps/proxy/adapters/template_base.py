@@ -100,7 +100,7 @@ class TemplateAdapter(ChatAdapter):
                 known[chunk] = cached
         if missing:
             # One call into the Rust tokenizer for everything new (it parallelizes a batch),
-            # without character offsets (ChatAdapter.encode says why).
+            # without the character offsets nothing reads (the same ids, a fifth less work).
             encoded = self.tokenizer.encode_batch_fast(missing, add_special_tokens=False)
             for chunk, enc in zip(missing, encoded, strict=True):
                 known[chunk] = enc.ids
