@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
+from django.core.exceptions import FieldDoesNotExist
 from django.db import IntegrityError, connection, models, transaction
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 
@@ -130,3 +131,91 @@ def row_insert(*, obj: models.Model) -> None:
     with bound_cursor(prepared=False) as cursor:
         cursor.execute(statement, values)
     obj._state.adding, obj._state.db = False, connection.alias
+
+
+# A claim's statement, built once per shape. The status values it may start from are
+# placeholders of their own, so a shape is (model, status field, how many of them, the
+# extra conditions' fields, the fields it sets).
+@functools.cache
+def _claim_statement(
+    model: type[models.Model], field: str, sources: int, where: tuple[str, ...], changes: tuple[str, ...]
+) -> tuple[str, tuple[models.Field, ...], tuple[models.Field, ...]] | None:
+    """(statement, fields set, fields compared after the key), or None if a field is one
+    ``QuerySet.update`` treats otherwise (a parent model's, a many-to-many, one with a
+    placeholder of its own): those claims go through the ORM."""
+    opts = model._meta
+
+    def plain(name: str) -> models.Field | None:
+        try:
+            f = opts.get_field(name)
+        except FieldDoesNotExist:  # the ORM's update says what is wrong
+            return None
+        if not isinstance(f, models.Field) or not f.concrete or f.many_to_many or hasattr(f, "get_placeholder"):
+            return None
+        return f if f.model._meta.concrete_model is opts.concrete_model else None
+
+    set_fields: list[models.Field] = []
+    compared: list[models.Field] = []
+    for names, out in ((changes, set_fields), ((field, *where), compared)):
+        for name in names:
+            if (f := plain(name)) is None:
+                return None
+            out.append(f)
+    quote = connection.ops.quote_name
+    conditions = [
+        f"{quote(opts.pk.column)} = %s",
+        f"{quote(compared[0].column)} IN ({', '.join(['%s'] * sources)})",
+        *(f"{quote(f.column)} = %s" for f in compared[1:]),
+    ]
+    assignments = ", ".join(f"{quote(f.column)} = %s" for f in set_fields)
+    statement = f"UPDATE {quote(opts.db_table)} SET {assignments} WHERE {' AND '.join(conditions)}"
+    return statement, tuple(set_fields), tuple(compared)
+
+
+def _plain_value(value: Any) -> bool:
+    # An expression (F(), Coalesce()) is computed by the database, a model instance stands for
+    # its key: the ORM compiles those.
+    return not hasattr(value, "resolve_expression") and not hasattr(value, "prepare_database_save")
+
+
+def row_claim(
+    *,
+    model: type[models.Model],
+    pk: Any,
+    field: str,
+    sources: frozenset[str],
+    where: dict[str, Any],
+    changes: dict[str, Any],
+) -> int | None:
+    """Rows updated by ``filter(pk=pk, <field>__in=sources, **where).update(**changes)``, run
+    as one prepared statement (apps.core.transitions: every status move is this UPDATE); None
+    when the ORM must run it (not PostgreSQL, a lookup or NULL in ``where``, an expression or
+    a model instance among the values, a field update() treats otherwise).
+
+    The ORM compiled the same UPDATE on every claim: about 0.2 ms of the caller's CPU, more
+    than the statement's own round trip on this machine, for the proxy's settle of every
+    model call and every trial's, group's and run's moves. The values are those update()
+    sends: get_db_prep_save for what is set, get_db_prep_value for what is compared."""
+    if connection.vendor != "postgresql" or not sources:
+        return None
+    if any("__" in name or value is None or not _plain_value(value) for name, value in where.items()):
+        return None
+    if not all(_plain_value(value) for value in changes.values()):
+        return None
+    if "pk" in where or "pk" in changes:
+        return None
+    shape = _claim_statement(model, field, len(sources), tuple(where), tuple(changes))
+    if shape is None:
+        return None
+    statement, set_fields, compared = shape
+    params = [f.get_db_prep_save(value, connection) for f, value in zip(set_fields, changes.values(), strict=True)]
+    params.append(model._meta.pk.get_db_prep_value(pk, connection, prepared=False))
+    params.extend(compared[0].get_db_prep_value(s, connection, prepared=False) for s in sorted(sources))
+    params.extend(
+        f.get_db_prep_value(value, connection, prepared=False)
+        for f, value in zip(compared[1:], where.values(), strict=True)
+    )
+    # As update() does: an error inside a transaction leaves it to be rolled back.
+    with transaction.mark_for_rollback_on_error(), bound_cursor(prepared=True) as cursor:
+        cursor.execute(statement, params)
+        return cursor.rowcount

@@ -18,6 +18,8 @@ from typing import Any
 
 from django.db import models
 
+from apps.core.bulk import row_claim
+
 
 class TransitionNotAllowed(ValueError):
     """A move no row of the table allows (a programming error, not a lost race)."""
@@ -66,9 +68,15 @@ class TransitionTable:
         """Move one row; True if this call moved it. ``where`` adds conditions (e.g. a
         holder); ``instance``, if given, is updated in memory to match."""
         sources = self.sources_of(to=to, source=source)
-        filters = {"pk": pk, f"{self.field}__in": sources, **(where or {})}
         changes = {self.field: to, **(values or {})}
-        moved = self.model._default_manager.filter(**filters).update(**changes) == 1
+        # One prepared statement on PostgreSQL (apps.core.bulk.row_claim); else the ORM's update.
+        rows = row_claim(
+            model=self.model, pk=pk, field=self.field, sources=sources, where=dict(where or {}), changes=changes
+        )
+        if rows is None:
+            filters = {"pk": pk, f"{self.field}__in": sources, **(where or {})}
+            rows = self.model._default_manager.filter(**filters).update(**changes)
+        moved = rows == 1
         if moved and instance is not None:
             _reflect(instance=instance, changes=changes)
         return moved

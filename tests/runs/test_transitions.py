@@ -328,3 +328,82 @@ def test_nothing_outside_the_transition_functions_writes_a_status():
             if pattern.search(line):
                 offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def _claimed_fields(trial: Trial) -> dict[str, Any]:
+    row = Trial.objects.get(pk=trial.pk)
+    return {
+        name: getattr(row, name)
+        for name in ("status", "rewards", "reward", "error_type", "error_message", "timings", "finished_at", "tries")
+    }
+
+
+@pytest.mark.django_db
+def test_a_claim_is_one_prepared_update_that_writes_what_the_orms_update_writes(alice, inputs):
+    """On PostgreSQL a claim runs as one statement built once per shape (apps.core.bulk.row_claim),
+    not compiled by the ORM each time: the row it leaves is the row QuerySet.update leaves with
+    the same values (JSON with every kind of value, a float, text, a time, NULL), and a lost
+    race or an unmet condition still moves nothing."""
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.core.bulk import row_claim
+
+    assert connection.vendor == "postgresql"
+    run = _run(alice.org, inputs)
+    fast, orm = Trial.objects.filter(run=run).order_by("id")[:2]
+    Trial.objects.filter(pk__in=[fast.pk, orm.pk]).update(status="running", worker_node="w1")
+    now = timezone.now()
+    values = {
+        "rewards": {"reward": 0.25, "nested": [1, 2.5, None, True, 'caf\u00e9 \\ \t \n "q"']},
+        "reward": 0.25,
+        "error_type": "",
+        "error_message": "line\nand 'quotes' \\N",
+        "timings": {},
+        "finished_at": now,
+    }
+    # Another holder's condition, or a status the move does not start from: nothing moves.
+    assert TRIAL_TRANSITIONS.claim(pk=fast.pk, to="succeeded", values=values, where={"worker_node": "w2"}) is False
+    assert TRIAL_TRANSITIONS.claim(pk=fast.pk, to="running", source=["waiting"], values=values) is False
+    assert Trial.objects.get(pk=fast.pk).status == "running"
+
+    with CaptureQueriesContext(connection) as queries:
+        assert TRIAL_TRANSITIONS.claim(pk=fast.pk, to="succeeded", values=values, where={"worker_node": "w1"}) is True
+    assert len(queries.captured_queries) == 1
+    sql = queries.captured_queries[0]["sql"]
+    assert sql.startswith('UPDATE "runs_trial" SET "status" = ') and '"runs_trial"."id"' not in sql  # not the ORM's
+    sources = TRIAL_TRANSITIONS.sources_of(to="succeeded")
+    Trial.objects.filter(pk=orm.pk, status__in=sources, worker_node="w1").update(status="succeeded", **values)
+    assert _claimed_fields(fast) == _claimed_fields(orm)
+    assert _claimed_fields(fast)["rewards"]["nested"][4] == 'caf\u00e9 \\ \t \n "q"'
+    # The same move again: the row is no longer where it may start from.
+    assert row_claim(model=Trial, pk=fast.pk, field="status", sources=sources, where={}, changes={"status": "x"}) == 0
+
+
+@pytest.mark.django_db
+def test_a_claim_the_prepared_statement_cannot_express_goes_through_the_orm(alice, inputs):
+    """An expression, a lookup or a NULL condition, a model instance: row_claim declines them
+    (None) and the claim is the ORM's update, with the same outcome."""
+    from django.db.models import F
+
+    from apps.core.bulk import row_claim
+
+    run = _run(alice.org, inputs)
+    trial = Trial.objects.filter(run=run).order_by("id").first()
+    Trial.objects.filter(pk=trial.pk).update(status="running", tries=2)
+    sources = TRIAL_TRANSITIONS.sources_of(to="failed")
+    declined = [
+        {"where": {}, "changes": {"status": "failed", "tries": F("tries") + 1}},
+        {"where": {"tries__gte": 1}, "changes": {"status": "failed"}},
+        {"where": {"queued_at": None}, "changes": {"status": "failed"}},
+        {"where": {}, "changes": {"status": "failed", "run": run}},
+    ]
+    for shape in declined:
+        assert row_claim(model=Trial, pk=trial.pk, field="status", sources=sources, **shape) is None
+    assert Trial.objects.get(pk=trial.pk).status == "running"  # declining wrote nothing
+
+    trial.refresh_from_db()
+    assert TRIAL_TRANSITIONS.claim(
+        pk=trial.pk, to="failed", values={"tries": F("tries") + 1}, where={"tries__gte": 2}, instance=trial
+    )
+    assert (trial.status, trial.tries) == ("failed", 3)  # the expression's value read back
+    assert Trial.objects.filter(pk=trial.pk, status="failed", tries=3).exists()
