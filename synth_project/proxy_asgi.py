@@ -34,8 +34,8 @@ import django
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synth_project.settings")
-# This process is the proxy: its settings keep a bounded database connection pool
-# (SYNTH_PROXY_DB_POOL_SIZE). Without effect when the settings were loaded before (tests).
+# This process is the proxy: its settings keep its database threads' connections
+# (SYNTH_PROXY_DB_CONN_MAX_AGE). Without effect when the settings were loaded before (tests).
 os.environ.setdefault("SYNTH_PROXY_PROCESS", "true")
 django.setup(set_prefix=False)
 

@@ -10,11 +10,11 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from django.urls import include, path
 
-from apps.core.apis import HealthApi
 from apps.proxy.errors import ApiError, NotFound, error_response, new_request_id
+from apps.proxy.views import health_view
 
 urlpatterns = [
-    path("healthz", HealthApi.as_view(), name="healthz"),
+    path("healthz", health_view, name="healthz"),
     path("v1/", include("apps.proxy.urls")),
 ]
 

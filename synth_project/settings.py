@@ -176,7 +176,7 @@ DATABASES = {
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-    # Django's backend, except that the checks of a kept or pooled connection poll its socket
+    # Django's backend, except that the check of a kept connection polls its socket
     # instead of sending a query: a connection the server ended (a restart) is still replaced,
     # and a quiet one costs no round trip (apps.core.postgresql).
     DATABASES["default"]["ENGINE"] = "apps.core.postgresql"
@@ -428,14 +428,18 @@ SYNTH_PROXY_PER_CALLER_CONCURRENCY = env_int("SYNTH_PROXY_PER_CALLER_CONCURRENCY
 # from about 97 to 59 ms and gave 3% more calls/s (bench/proxy_load.py, 5 pairs), and still
 # allow over a thousand phases per second on a database a millisecond away.
 SYNTH_PROXY_DB_SLOTS = env_int("SYNTH_PROXY_DB_SLOTS", 8, minimum=1)
-# PostgreSQL connections the proxy's process keeps in a bounded pool (psycopg's, through
-# Django's OPTIONS "pool"), so that a call's phases borrow one instead of each opening its
-# own (a backend start per phase cost the server more CPU than the proxy's whole call).
-# 0: no pool. Only in the proxy's process, which synth_project.proxy_asgi marks before the
-# settings load (SYNTH_PROXY_PROCESS); other processes keep SYNTH_DB_CONN_MAX_AGE. SQLite
-# has no pool. Django's pool requires CONN_MAX_AGE 0: a phase's close() gives its
-# connection back to the pool.
-SYNTH_PROXY_DB_POOL_SIZE = env_int("SYNTH_PROXY_DB_POOL_SIZE", SYNTH_PROXY_DB_SLOTS, minimum=0)
+# How long each of the proxy's database threads keeps its PostgreSQL connection (seconds).
+# Its phases run on those threads, one per slot (apps.proxy.db), so the process holds at most
+# SYNTH_PROXY_DB_SLOTS connections, and a phase finds its thread's connection open: no
+# backend start per phase (which cost the server more CPU than the proxy's whole call), and
+# no pool's check-out and return either: with psycopg's pool, used before, the proxy's CPU
+# per call was 0.25 to 0.67 ms higher in each of 4 interleaved pairs of bench/proxy_load.py
+# (3.01-3.63 -> 2.69-3.23 ms; PostgreSQL's 0.77-0.85 -> 0.68-0.81 ms).
+# A kept connection is checked before each phase by a poll of its socket
+# (apps.core.postgresql): one the server ended (a restart) is replaced, the call not failed.
+# Only in the proxy's process, which synth_project.proxy_asgi marks before the settings load
+# (SYNTH_PROXY_PROCESS); other processes keep SYNTH_DB_CONN_MAX_AGE.
+SYNTH_PROXY_DB_CONN_MAX_AGE = env_int("SYNTH_PROXY_DB_CONN_MAX_AGE", 300, minimum=1)
 # The proxy process's young-generation garbage-collection threshold (Python's default: 700
 # allocations). A model call allocates thousands of containers (its decoded body, parsed
 # request, rendered prompt), so at 700 the collector ran several times per call and took
@@ -443,16 +447,8 @@ SYNTH_PROXY_DB_POOL_SIZE = env_int("SYNTH_PROXY_DB_POOL_SIZE", SYNTH_PROXY_DB_SL
 # as well (synth_project.proxy_asgi). 0: Python's default.
 SYNTH_PROXY_GC_YOUNG_THRESHOLD = env_int("SYNTH_PROXY_GC_YOUNG_THRESHOLD", 20_000, minimum=0)
 SYNTH_PROXY_PROCESS = env_bool("SYNTH_PROXY_PROCESS", False)
-if SYNTH_PROXY_PROCESS and SYNTH_PROXY_DB_POOL_SIZE and _POSTGRESQL:
-    # The pool checks a connection it lends (conn_health_checks, above) by polling its socket
-    # (apps.core.postgresql): a connection the server ended is replaced, not the call failed.
-    DATABASES["default"]["CONN_MAX_AGE"] = 0
-    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-        "min_size": min(2, SYNTH_PROXY_DB_POOL_SIZE),
-        "max_size": SYNTH_PROXY_DB_POOL_SIZE,
-        # A phase waits this long for a connection, then fails as overloaded (a 529).
-        "timeout": 10,
-    }
+if SYNTH_PROXY_PROCESS and _POSTGRESQL:
+    DATABASES["default"]["CONN_MAX_AGE"] = SYNTH_PROXY_DB_CONN_MAX_AGE
 # The gateway's process (gunicorn serving synth_project.wsgi, which marks it before the
 # settings load), and how long it gathers admitted runs before it hands them to the control
 # worker as one message (apps.runs.services.run_schedule_enqueue). 0: a message per run, at

@@ -96,6 +96,9 @@ def bound_cursor(*, prepared: bool) -> CursorWrapper:
     parses and plans it once per connection instead of on every execution. It takes effect
     only with settings.SYNTH_DB_PREPARED_STATEMENTS, which a pooler that does not track
     prepared statements needs off."""
+    # As connection.cursor() begins: a kept connection the server ended (a restart) is
+    # replaced here, before its first use in a request, task or phase, not found broken by it.
+    connection.close_if_health_check_failed()
     connection.ensure_connection()
     cursor_class = _PreparedCursor if prepared and settings.SYNTH_DB_PREPARED_STATEMENTS else _UnpreparedCursor
     # What connection.cursor() makes around its own cursor (connection.make_cursor).

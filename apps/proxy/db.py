@@ -6,12 +6,15 @@ all of it made 200 concurrent streams exhaust the server's connections. Each pha
 takes a connection and gives it back when it ends, so connections scale with phases in
 flight, not with streams open.
 
-In the proxy's process (SYNTH_PROXY_PROCESS) the connection comes from the process's bounded
-pool (SYNTH_PROXY_DB_POOL_SIZE) and giving it back keeps it open; the phases run on the
-process's own database threads, one per slot, each keeping its Django connection object,
-rather than on a thread made for each request. Elsewhere (the whole app, tests) a phase is
-thread-sensitive, as Django's default: it runs where the caller's synchronous code runs
-(in a test, inside the test's transaction), and closing its connection closes it.
+In the proxy's process (SYNTH_PROXY_PROCESS) the phases run on the process's own database
+threads, one per slot, rather than on a thread made for each request, and each thread keeps
+its connection from one phase to the next (SYNTH_PROXY_DB_CONN_MAX_AGE): the process holds at
+most one connection per slot, and a phase ends as a request does in Django, its connection
+checked (and closed if it failed or is too old) rather than closed. The next phase's first
+query checks it again by a poll of its socket (apps.core.postgresql), so a connection the
+server ended meanwhile is replaced before it is used. Elsewhere (the whole app, tests) a
+phase is thread-sensitive, as Django's default: it runs where the caller's synchronous code
+runs (in a test, inside the test's transaction), and closing its connection closes it.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ _executor_lock = threading.Lock()
 
 def db_phase(fn: Callable[..., Any], *, first: bool = False) -> Callable[..., Awaitable[Any]]:
     """`fn` (a short database phase) as a coroutine function run in a thread, its
-    connection given back after it (unless a transaction is open).
+    connection kept for the thread's next phase or closed after it (see the module's
+    docstring; unless a transaction is open).
 
     `first`: a phase a response's first byte waits for (authenticating a caller not cached,
     reading a stale route table). Such a phase takes the next free slot ahead of those only
@@ -45,14 +49,19 @@ def db_phase(fn: Callable[..., Any], *, first: bool = False) -> Callable[..., Aw
     not cached waited behind the other calls' staging and settling, up to 200 ms, before
     it could answer anything."""
 
+    executor = _phase_executor()
+
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         finally:
-            if not connection.in_atomic_block:
-                connection.close()  # with a pool: back to the pool, still open
+            if connection.in_atomic_block:
+                pass  # the caller's transaction (a test's): not this phase's to end
+            elif executor is not None:
+                connection.close_if_unusable_or_obsolete()  # kept for this thread's next phase
+            else:
+                connection.close()
 
-    executor = _phase_executor()
     blocking = sync_to_async(run) if executor is None else _on_executor(run, executor=executor)
 
     async def call(*args: Any, **kwargs: Any) -> Any:

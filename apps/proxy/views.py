@@ -4,6 +4,7 @@
     POST /v1/messages/count_tokens  {"input_tokens": N}, exact, with the model's tokenizer
     GET  /v1/models[/<id>]          the routes this caller may use, in a shape both the
                                     Anthropic and the OpenAI SDKs parse
+    GET  /healthz                   liveness and database reachability (no authentication)
 
 Thin: read HTTP, run the call (exchange.py, shared with the OpenAI protocols of
 apps.proxy.openai), write HTTP. Every failure is an Anthropic-shaped error
@@ -15,11 +16,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from apps.proxy import calls, pool, schema
+from apps.proxy.db import db_phase
 from apps.proxy.errors import ModelNotFound, NotFound, error_response, new_request_id
 from apps.proxy.exchange import (
     MethodNotAllowed,
@@ -146,3 +149,16 @@ async def not_found_view(request: HttpRequest, path: str = "") -> HttpResponse:
     if openai_views.is_api_family(path):
         return openai_views.not_found(request, path)
     return error_response(NotFound(f"{request.method} /v1/{path} does not exist"), request_id=new_request_id())
+
+
+def _database_answers() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+
+
+async def health_view(request: HttpRequest) -> HttpResponse:
+    """The gateway's health answer (apps.core.apis.HealthApi), its query run as one of the
+    process's database phases: on a database thread's kept connection, not on a thread of
+    its own that would keep one more (a failure answers 500, in Anthropic's shape)."""
+    await db_phase(_database_answers)()
+    return JsonResponse({"ok": True})

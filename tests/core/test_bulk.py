@@ -190,3 +190,52 @@ def test_a_prepared_statement_works_on_after_a_rollback_forgets_it() -> None:
         cursor.execute(statement, [21])
         assert cursor.fetchone()[0] == 42
     assert len(_prepared("bound_probe_rollback")) == 1
+
+
+def test_a_bound_cursor_replaces_a_kept_connection_the_server_ended_before_using_it() -> None:
+    """A thread that keeps its connection between requests, tasks or proxy phases finds it
+    ended by the server (a restart): its next bound cursor runs Django's health check first, as
+    connection.cursor() does, and goes on a new connection instead of failing."""
+    import select
+    import threading
+
+    from django.db import connections
+
+    from apps.core.bulk import bound_cursor
+
+    if connection.vendor != "postgresql":
+        pytest.skip("bound cursors are PostgreSQL's")
+    out: dict[str, object] = {}
+
+    def kept_thread() -> None:
+        own = connections["default"]  # this thread's own connection, as a kept one
+        try:
+            with bound_cursor(prepared=False) as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                ended = cursor.fetchone()[0]
+            admin.execute("SELECT pg_terminate_backend(%s)", [ended])  # another backend ends it
+            assert select.select([own.connection.fileno()], [], [], 30)[0], "the server did not end it"
+            own.close_if_unusable_or_obsolete()  # the end of a request or phase: checked at next use
+            with bound_cursor(prepared=True) as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                out["pids"] = (ended, cursor.fetchone()[0])
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            out["error"] = exc
+        finally:
+            own.close()
+
+    # The test's connection is the main thread's; pytest-django lets the other thread use the
+    # test database with a connection of its own.
+    connection.ensure_connection()
+    admin = connection.connection  # the main thread's psycopg connection, another backend
+    settings_max_age = connections["default"].settings_dict["CONN_MAX_AGE"]
+    connections["default"].settings_dict["CONN_MAX_AGE"] = 60
+    try:
+        worker = threading.Thread(target=kept_thread)
+        worker.start()
+        worker.join(60)
+    finally:
+        connections["default"].settings_dict["CONN_MAX_AGE"] = settings_max_age
+    assert "error" not in out, out.get("error")
+    ended, replaced = out["pids"]
+    assert replaced != ended

@@ -1,6 +1,6 @@
-"""The checks of a kept or pooled connection (apps.core.postgresql): no round trip for
-a quiet connection, the empty query for one with something to read, and a failure for one the
-server ended. On the real server; the server ends a connection with pg_terminate_backend,
+"""The check of a kept connection (apps.core.postgresql): no round trip for a quiet
+connection, Django's query for one with something to read, and a failure (then a new
+connection) for one the server ended or that is closed. On the real server; the server ends a connection with pg_terminate_backend,
 what a restart does to every client, and nothing is restarted."""
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ import psycopg
 import pytest
 from django.db import connection
 
-from apps.core.postgresql.base import connection_check
-
 pytestmark = pytest.mark.django_db
 
 
@@ -22,93 +20,16 @@ def _url() -> str:
     return f"postgresql://{s['USER'] or 'postgres'}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
 
 
-@pytest.fixture
-def pair() -> Iterator[tuple[psycopg.Connection, psycopg.Connection]]:
-    """A connection as the pool holds one (autocommit) and an admin connection watching it."""
-    if connection.vendor != "postgresql":
-        pytest.skip("the pool is PostgreSQL's")
-    with psycopg.connect(_url(), autocommit=True) as lent, psycopg.connect(_url(), autocommit=True) as admin:
-        yield lent, admin
-
-
 def _last_query(admin: psycopg.Connection, pid: int) -> str | None:
     row = admin.execute("SELECT query FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone()
     return None if row is None else row[0]
 
 
-def test_a_quiet_connection_is_lent_without_a_round_trip(pair):
-    lent, admin = pair
-    lent.execute("SELECT 'the phase before'")
-    connection_check(lent)
-    # The server saw nothing after the last statement: an empty query would show as ''.
-    assert _last_query(admin, lent.info.backend_pid) == "SELECT 'the phase before'"
-    assert lent.execute("SELECT 1").fetchone() == (1,)
-
-
-def test_a_connection_with_something_to_read_is_checked_by_a_round_trip(pair):
-    lent, admin = pair
-    lent.execute("LISTEN pool_check_test")
-    admin.execute("NOTIFY pool_check_test")
-    assert select.select([lent.fileno()], [], [], 30)[0], "the notification did not arrive"
-    connection_check(lent)  # it reads what came and answers the empty query: still good
-    assert _last_query(admin, lent.info.backend_pid) == ""
-    assert lent.execute("SELECT 1").fetchone() == (1,)
-
-
-def test_a_connection_the_server_ended_fails_the_check(pair):
-    lent, admin = pair
-    lent.execute("SELECT 'before the end'")
-    admin.execute("SELECT pg_terminate_backend(%s)", [lent.info.backend_pid])
-    # The server's FATAL message and the end of the stream make the socket readable.
-    assert select.select([lent.fileno()], [], [], 30)[0], "the server did not end the connection"
-    with pytest.raises(psycopg.OperationalError):
-        connection_check(lent)
-    assert lent.closed or lent.broken
-
-
-def test_a_closed_connection_fails_the_check(pair):
-    lent, _ = pair
-    lent.close()
-    with pytest.raises(psycopg.OperationalError):
-        connection_check(lent)
-
-
-def test_a_connection_on_a_descriptor_above_select_s_limit_is_checked_like_any(pair):
-    # A proxy serving hundreds of streams holds descriptors above 1024, select()'s limit:
-    # the descriptors below are taken first, so the connection's socket lands above it.
-    import os
-    import resource
-
-    _, admin = pair
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and hard < 2048:
-        pytest.skip("this process may not open 2048 descriptors")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
-    taken: list[int] = []
-    try:
-        while not taken or taken[-1] < 1100:
-            taken.append(os.open(os.devnull, os.O_RDONLY))
-        with psycopg.connect(_url(), autocommit=True) as lent:
-            assert lent.fileno() > 1024
-            lent.execute("SELECT 'high'")
-            connection_check(lent)  # quiet: no round trip, no error
-            assert _last_query(admin, lent.info.backend_pid) == "SELECT 'high'"
-            admin.execute("SELECT pg_terminate_backend(%s)", [lent.info.backend_pid])
-            poller = select.poll()
-            poller.register(lent.fileno(), select.POLLIN)
-            assert poller.poll(30_000), "the server did not end the connection"
-            with pytest.raises(psycopg.OperationalError):
-                connection_check(lent)
-    finally:
-        for fd in taken:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-
-
 @pytest.fixture
 def kept() -> Iterator[tuple[object, psycopg.Connection]]:
-    """A Django connection of this process' backend, as a gateway thread or a worker keeps one
-    between requests, and an admin connection watching it."""
+    """A Django connection of this process' backend, as a gateway thread, a worker or one of
+    the proxy's database threads keeps one between requests, and an admin connection
+    watching it."""
     from django.db import connections
 
     if connection.vendor != "postgresql":
@@ -144,3 +65,55 @@ def test_a_kept_connection_the_server_ended_is_replaced_before_its_next_request(
     with wrapper.cursor() as cursor:  # the request's first query opens a new one
         cursor.execute("SELECT pg_backend_pid()")
         assert cursor.fetchone()[0] != ended
+
+
+def test_a_kept_connection_with_something_to_read_is_checked_by_a_round_trip(kept):
+    wrapper, admin = kept
+    with wrapper.cursor() as cursor:
+        cursor.execute("LISTEN kept_check_test")
+    admin.execute("NOTIFY kept_check_test")
+    assert select.select([wrapper.connection.fileno()], [], [], 30)[0], "the notification did not arrive"
+    assert wrapper.is_usable()  # it reads what came and answers Django's query: still good
+    assert _last_query(admin, wrapper.connection.info.backend_pid) == "SELECT 1"
+
+
+def test_a_closed_kept_connection_is_not_usable(kept):
+    wrapper, _ = kept
+    wrapper.connection.close()
+    assert not wrapper.is_usable()
+
+
+def test_a_kept_connection_on_a_descriptor_above_select_s_limit_is_checked_like_any(kept):
+    # A proxy serving hundreds of streams holds descriptors above 1024, select()'s limit:
+    # the descriptors below are taken first, so the connection's socket lands above it.
+    import os
+    import resource
+
+    from django.db import connections
+
+    _, admin = kept
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip("this process may not open 2048 descriptors")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    taken: list[int] = []
+    high = connections.create_connection("default")
+    try:
+        while not taken or taken[-1] < 1100:
+            taken.append(os.open(os.devnull, os.O_RDONLY))
+        with high.cursor() as cursor:
+            cursor.execute("SELECT 'high'")
+        assert high.connection.fileno() > 1024
+        assert high.is_usable()  # quiet: no round trip, no error
+        pid = high.connection.info.backend_pid
+        assert _last_query(admin, pid) == "SELECT 'high'"
+        admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+        poller = select.poll()
+        poller.register(high.connection.fileno(), select.POLLIN)
+        assert poller.poll(30_000), "the server did not end the connection"
+        assert not high.is_usable()
+    finally:
+        high.close()
+        for fd in taken:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

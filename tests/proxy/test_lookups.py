@@ -1,9 +1,9 @@
-"""The proxy's cached lookups (apps.proxy.lookups) and its process's connection pool.
+"""The proxy's cached lookups (apps.proxy.lookups) and its process's kept connections.
 
 A fresh cached caller and route table read no database; a revocation, an expiry change or a
 disabled route takes effect once the check interval has passed, however it was written. The
-pool: a live proxy process answers calls without opening PostgreSQL connections, and never
-more than its pool size.
+connections: a live proxy process answers calls on connections its database threads keep,
+never more than one per thread, and replaces one the server ended without failing a call.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def test_an_operator_token_is_not_served_past_the_interval(cached):
     assert_error(call("/v1/models", secret=member.secret, method="get"), 401, "authentication_error")
 
 
-# THE PROXY PROCESS'S POOL
+# THE PROXY PROCESS'S CONNECTIONS
 # ------------------------------------------------------------------------------
 
 
@@ -190,19 +190,18 @@ def _settings_in_process(env: dict[str, str]) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_only_the_proxy_process_on_postgresql_keeps_a_pool(tmp_path):
+def test_only_the_proxy_process_on_postgresql_keeps_its_connections_without_a_pool(tmp_path):
     pg = {
         "DATABASE_URL": "postgres://u@127.0.0.1:5432/x",
         "SYNTH_DB_CONN_MAX_AGE": "60",
         "SYNTH_VAR_DIR": str(tmp_path),
     }
     assert _settings_in_process({**pg, "SYNTH_PROXY_PROCESS": "false"}) == {"pool": None, "conn_max_age": 60}
-    proxy = _settings_in_process({**pg, "SYNTH_PROXY_PROCESS": "true", "SYNTH_PROXY_DB_POOL_SIZE": "5"})
-    assert proxy["conn_max_age"] == 0 and proxy["pool"]["max_size"] == 5
-    off = _settings_in_process({**pg, "SYNTH_PROXY_PROCESS": "true", "SYNTH_PROXY_DB_POOL_SIZE": "0"})
-    assert off["pool"] is None
+    proxy = _settings_in_process({**pg, "SYNTH_PROXY_PROCESS": "true", "SYNTH_PROXY_DB_CONN_MAX_AGE": "120"})
+    assert proxy == {"pool": None, "conn_max_age": 120}
+    assert _settings_in_process({**pg, "SYNTH_PROXY_PROCESS": "true"})["conn_max_age"] == 300
     sqlite = {"DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "SYNTH_VAR_DIR": str(tmp_path)}
-    assert _settings_in_process({**sqlite, "SYNTH_PROXY_PROCESS": "true"})["pool"] is None
+    assert _settings_in_process({**sqlite, "SYNTH_PROXY_PROCESS": "true"}) == {"pool": None, "conn_max_age": 0}
 
 
 def _free_port() -> int:
@@ -222,20 +221,22 @@ def _backends(application_name: str) -> set[tuple[int, str]]:
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_live_proxy_process_opens_no_connection_per_call(tmp_path):
+    """Its database threads keep their connections, one per slot at most, and replace one
+    the server ended before a call uses it."""
     if connection.vendor != "postgresql":
-        pytest.skip("the pool is PostgreSQL's")
+        pytest.skip("kept connections are PostgreSQL's")
     member = make_member("team", "alice")
     make_route("qwen3-attempt")
     secret = issue(member.org, "qwen3-attempt")
     db = connection.settings_dict
-    app_name = f"synth-proxy-pool-test-{os.getpid()}"
+    app_name = f"synth-proxy-kept-test-{os.getpid()}"
     port = _free_port()
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "synth_project.settings",
         "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
         "PGAPPNAME": app_name,  # libpq's: names this process's connections
-        "SYNTH_PROXY_DB_POOL_SIZE": "3",
+        "SYNTH_PROXY_DB_SLOTS": "3",
         "SYNTH_PROXY_LOOKUP_CHECK_SECONDS": "0.5",
         "SYNTH_TOKENIZER_DIR": str(TOKENIZER_DIR),
         "SYNTH_VAR_DIR": str(tmp_path),
@@ -266,13 +267,15 @@ def test_a_live_proxy_process_opens_no_connection_per_call(tmp_path):
             ).status_code
 
         with httpx.Client() as client:
-            # Warm: the pool opens (its minimum, and more while a first caller waited).
+            # Warm: the database threads that ran a phase open their connections.
             assert [post(client, stream=False) for _ in range(2)] == [200, 200]
             before = _backends(app_name)
             assert 1 <= len(before) <= 3
-            # Then the connections stay the same ones, call after call.
+            # Then the connections stay open, call after call: a thread that runs its first
+            # phase opens one (at most one per thread), none is closed or replaced.
             assert [post(client, stream=i % 2 == 0) for i in range(10)] == [200] * 10
-            assert _backends(app_name) == before
+            after = _backends(app_name)
+            assert before <= after and len(after) <= 3
 
         async def burst() -> list[int]:
             async with httpx.AsyncClient() as client:
@@ -286,12 +289,12 @@ def test_a_live_proxy_process_opens_no_connection_per_call(tmp_path):
                 return list(await asyncio.gather(*(one() for _ in range(16))))
 
         assert asyncio.run(burst()) == [200] * 16
-        pooled = _backends(app_name)
-        assert len(pooled) <= 3  # bounded by SYNTH_PROXY_DB_POOL_SIZE
+        kept = _backends(app_name)
+        assert after <= kept and len(kept) <= 3  # one per database thread: SYNTH_PROXY_DB_SLOTS
 
-        # The server ends every pooled connection, as a restart does: the pool's check (a
-        # poll of the socket, apps.core.postgresql) finds them ended and lends new ones,
-        # so no call fails.
+        # The server ends every kept connection, as a restart does: the check before a
+        # phase's first query (a poll of the socket, apps.core.postgresql) finds its thread's
+        # connection ended and opens a new one, so no call fails.
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT pg_terminate_backend(pid, 30000) FROM pg_stat_activity WHERE application_name = %s",
@@ -299,7 +302,7 @@ def test_a_live_proxy_process_opens_no_connection_per_call(tmp_path):
             )
         with httpx.Client() as client:
             assert [post(client, stream=i % 2 == 0) for i in range(6)] == [200] * 6
-        assert _backends(app_name) and _backends(app_name).isdisjoint(pooled)
+        assert _backends(app_name) and _backends(app_name).isdisjoint(kept)
     finally:
         server.terminate()
         server.wait(timeout=30)
