@@ -1,10 +1,10 @@
-"""Short database phases of the async proxy: off the event loop, connection given back at once.
+"""Short database phases of the async proxy: off the event loop, on a few database threads.
 
 A call spends most of its life sampling and streaming; holding a PostgreSQL connection for
 all of it made 200 concurrent streams exhaust the server's connections. Each phase
 (authenticate, resolve, stage, settle: the first two mostly answered from apps.proxy.lookups)
-takes a connection and gives it back when it ends, so connections scale with phases in
-flight, not with streams open.
+uses a connection only while it runs, so connections scale with phases in flight (the
+slots), not with streams open.
 
 In the proxy's process (SYNTH_PROXY_PROCESS) the phases run on the process's own database
 threads, one per slot, rather than on a thread made for each request, and each thread keeps
