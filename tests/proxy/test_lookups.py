@@ -572,3 +572,50 @@ def test_a_credential_load_cancelled_before_its_phase_leaves_no_call_waiting(cac
         return caller.credential.trial_id
 
     assert async_to_sync(scenario)() == "trl_test"
+
+
+@pytest.mark.django_db
+def test_credentials_that_miss_while_a_load_runs_are_read_together_by_the_next(cached):
+    """Sessions open over a few turns of the loop, not in one: one load runs at a time, and
+    every credential that misses while its phase runs is read by the next phase, in one
+    batch, instead of each turn's misses queueing a phase of their own."""
+    import threading
+    import unittest.mock
+
+    from apps.proxy import exchange
+
+    member = make_member("team", "alice")
+    make_route("qwen3-attempt")
+    secrets = [issue(member.org, "qwen3-attempt", trial=f"trl_{n}") for n in range(5)]
+    phases: list[list[str]] = []
+    first_running, release = threading.Event(), threading.Event()
+    real_load = lookups.callers_load
+
+    def held(*, secrets):
+        phases.append(list(secrets))
+        if len(phases) == 1:  # the first load's phase runs until the later misses have arrived
+            first_running.set()
+            assert release.wait(30)
+        return real_load(secrets=secrets)
+
+    class Request:
+        def __init__(self, secret: str) -> None:
+            self.headers = {"x-api-key": secret}
+
+    async def staggered() -> list[Any]:
+        first = asyncio.ensure_future(exchange.authenticate(Request(secrets[0])))
+        while not first_running.is_set():
+            await asyncio.sleep(0.001)
+        later = []
+        for secret in secrets[1:]:  # one miss per turn of the loop, while the first phase runs
+            later.append(asyncio.ensure_future(exchange.authenticate(Request(secret))))
+            await asyncio.sleep(0)
+        release.set()
+        return await asyncio.gather(first, *later)
+
+    with unittest.mock.patch.object(lookups, "callers_load", held):
+        answers = async_to_sync(staggered)()
+    assert phases == [secrets[:1], secrets[1:]]
+    assert [a.credential.trial_id for a in answers] == [f"trl_{n}" for n in range(5)]
+    loads = next(iter(exchange._caller_loads.values()), None)
+    assert loads is None or (not loads.running and not loads.gathering and not loads.waiting)
