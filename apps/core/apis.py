@@ -1,11 +1,12 @@
 from __future__ import annotations
 
-from django.db import connection
 from drf_spectacular.utils import extend_schema
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
+
+from apps.core.db import database_answers
 
 
 class HealthApi(APIView):
@@ -16,6 +17,5 @@ class HealthApi(APIView):
 
     @extend_schema(responses={200: dict}, exclude=True)
     def get(self, request: Request) -> Response:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
+        database_answers()
         return Response({"ok": True})

@@ -130,3 +130,9 @@ def db_side_run[T](*, call: Callable[[], T], lane: str) -> T:
         if side is None:
             side = _sides[lane] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{_SIDE_THREAD}-{lane}")
     return side.submit(_side_call, call).result()
+
+
+def database_answers() -> None:
+    """One round trip to the database (a health check's): raises if it cannot answer."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")

@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
+from apps.core.db import database_answers
 from apps.proxy import calls, pool, schema
 from apps.proxy.db import db_phase
 from apps.proxy.errors import ModelNotFound, NotFound, error_response, new_request_id
@@ -151,14 +151,9 @@ async def not_found_view(request: HttpRequest, path: str = "") -> HttpResponse:
     return error_response(NotFound(f"{request.method} /v1/{path} does not exist"), request_id=new_request_id())
 
 
-def _database_answers() -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1")
-
-
 async def health_view(request: HttpRequest) -> HttpResponse:
     """The gateway's health answer (apps.core.apis.HealthApi), its query run as one of the
     process's database phases: on a database thread's kept connection, not on a thread of
     its own that would keep one more (a failure answers 500, in Anthropic's shape)."""
-    await db_phase(_database_answers)()
+    await db_phase(database_answers)()
     return JsonResponse({"ok": True})
