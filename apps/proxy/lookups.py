@@ -37,6 +37,7 @@ is also where its exact refusal comes from (apps.proxy.credentials).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -47,10 +48,12 @@ from typing import Any
 
 from cachetools import TTLCache
 from django.conf import settings
+from django.db import connection
 from django.utils import timezone
 
 from apps.accounts.models import ModelCredential
 from apps.accounts.services import token_hash
+from apps.core.bulk import bound_cursor
 from apps.proxy.credentials import Caller, caller_authenticate, credential_callers_authenticate
 from apps.proxy.errors import AuthenticationFailed
 from apps.proxy.models import ModelRoute
@@ -150,10 +153,11 @@ class CallerCache:
         return out
 
     def _confirm_stale(self) -> None:
-        """Confirm the stale credentials in one query each CONFIRM_BATCH; drop those revoked
-        or gone, and stale operators (read again in full when next used). One thread at a
-        time: the calls that find their entries stale while another confirms them wait for
-        it and then find them fresh, rather than each confirming every stale entry again."""
+        """Confirm the stale credentials in one query (credentials_live; off PostgreSQL one
+        per CONFIRM_BATCH); drop those revoked or gone, and stale operators (read again in
+        full when next used). One thread at a time: the calls that find their entries stale
+        while another confirms them wait for it and then find them fresh, rather than each
+        confirming every stale entry again."""
         if not self._any_stale():
             return
         with self._confirming:
@@ -198,13 +202,7 @@ class CallerCache:
             return False
         started = time.monotonic()
         ids = sorted({e.caller.credential.id for _, e in stale if e.caller.credential is not None})
-        live: dict[str, Any] = {}  # id -> expires_at of the credentials not revoked
-        for i in range(0, len(ids), CONFIRM_BATCH):
-            live.update(
-                ModelCredential.objects.filter(id__in=ids[i : i + CONFIRM_BATCH], revoked_at__isnull=True).values_list(
-                    "id", "expires_at"
-                )
-            )
+        live = credentials_live(ids=ids)
         with self._lock:
             for key, entry in stale:
                 if self._entries.get(key) is not entry:
@@ -221,6 +219,40 @@ class CallerCache:
         with self._lock:
             self._entries.clear()
             self._ahead_at = -math.inf
+
+
+@functools.cache
+def _live_statement() -> str:
+    meta = ModelCredential._meta
+    column = {
+        name: connection.ops.quote_name(meta.get_field(name).column) for name in ("id", "expires_at", "revoked_at")
+    }
+    return (
+        f"SELECT {column['id']}, {column['expires_at']} FROM {connection.ops.quote_name(meta.db_table)} "
+        f"WHERE {column['id']} = ANY(string_to_array(%s, ',')) AND {column['revoked_at']} IS NULL"
+    )
+
+
+def credentials_live(*, ids: Sequence[str]) -> dict[str, Any]:
+    """id -> expires_at of the credentials of ``ids`` that exist and are not revoked.
+
+    On PostgreSQL one prepared statement whose ids travel as one text parameter: the ORM's
+    ``id__in`` prepares, binds and has PostgreSQL parse one parameter per id, 1.1 ms of the
+    interpreter for 200 ids against 0.09 ms, and a proxy process confirms every caller it
+    serves up to four times a second (a fleet's process serves hundreds). Ids never hold a
+    comma (PrefixedIdField); one that did would be confirmed through the ORM."""
+    if connection.vendor == "postgresql" and not any("," in i for i in ids):
+        with bound_cursor(prepared=True) as cursor:
+            cursor.execute(_live_statement(), [",".join(ids)])
+            return dict(cursor.fetchall())
+    live: dict[str, Any] = {}
+    for i in range(0, len(ids), CONFIRM_BATCH):
+        live.update(
+            ModelCredential.objects.filter(id__in=ids[i : i + CONFIRM_BATCH], revoked_at__isnull=True).values_list(
+                "id", "expires_at"
+            )
+        )
+    return live
 
 
 class RouteCache:

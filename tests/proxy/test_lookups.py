@@ -345,6 +345,35 @@ def test_stale_callers_found_at_once_are_confirmed_by_one_query(cached):
     assert all(lookups.caller_cached(secret=secret) is not None for secret in secrets)
 
 
+@pytest.mark.django_db
+def test_credentials_are_confirmed_as_the_orm_reads_them_in_one_statement():
+    member = make_member("team", "alice")
+    make_route("qwen3-attempt")
+    for n in range(4):
+        issue(member.org, "qwen3-attempt", trial=f"trl_{n}")
+    ids = sorted(ModelCredential.objects.values_list("id", flat=True))
+    ModelCredential.objects.filter(trial_id="trl_1").update(revoked_at=timezone.now())
+    ModelCredential.objects.filter(trial_id="trl_2").update(expires_at=timezone.now() - timedelta(seconds=1))
+    asked = [*ids, "mcr_gone"]
+    expected = dict(
+        ModelCredential.objects.filter(id__in=asked, revoked_at__isnull=True).values_list("id", "expires_at")
+    )
+    assert len(expected) == 3  # the revoked one and the unknown id are not live; the expired one is
+    with CaptureQueriesContext(connection) as queries:
+        live = lookups.credentials_live(ids=asked)
+    # The same ids and the same expiry instants, compared as the cache compares them.
+    assert live == expected
+    assert all(live[i] == expected[i] and live[i].utcoffset() is not None for i in live)
+    assert len(queries) == 1
+    if connection.vendor == "postgresql":
+        # One parameter for every id, not one each (the ORM's IN list).
+        assert "string_to_array" in queries[0]["sql"] and " IN (" not in queries[0]["sql"]
+    # An id with a comma could not travel joined: the ORM confirms that list, to the same answer.
+    with CaptureQueriesContext(connection) as queries:
+        assert lookups.credentials_live(ids=[*ids, "mcr_a,b"]) == expected
+    assert " IN (" in queries[0]["sql"]
+
+
 class Clock:
     """The lookups' monotonic clock, moved by hand: freshness without waiting."""
 
