@@ -141,11 +141,17 @@ def row_insert(*, obj: models.Model) -> None:
 # extra conditions' fields, the fields it sets).
 @functools.cache
 def _claim_statement(
-    model: type[models.Model], field: str, sources: int, where: tuple[str, ...], changes: tuple[str, ...]
+    model: type[models.Model],
+    field: str,
+    sources: int,
+    where: tuple[str, ...],
+    changes: tuple[str, ...],
+    many: bool = False,
 ) -> tuple[str, tuple[models.Field, ...], tuple[models.Field, ...]] | None:
     """(statement, fields set, fields compared after the key), or None if a field is one
     ``QuerySet.update`` treats otherwise (a parent model's, a many-to-many, one with a
-    placeholder of its own): those claims go through the ORM."""
+    placeholder of its own): those claims go through the ORM. ``many``: the keys are one
+    array parameter and the statement returns the keys of the rows it moved."""
     opts = model._meta
 
     def plain(name: str) -> models.Field | None:
@@ -166,12 +172,14 @@ def _claim_statement(
             out.append(f)
     quote = connection.ops.quote_name
     conditions = [
-        f"{quote(opts.pk.column)} = %s",
+        f"{quote(opts.pk.column)} = ANY(%s)" if many else f"{quote(opts.pk.column)} = %s",
         f"{quote(compared[0].column)} IN ({', '.join(['%s'] * sources)})",
         *(f"{quote(f.column)} = %s" for f in compared[1:]),
     ]
     assignments = ", ".join(f"{quote(f.column)} = %s" for f in set_fields)
     statement = f"UPDATE {quote(opts.db_table)} SET {assignments} WHERE {' AND '.join(conditions)}"
+    if many:
+        statement += f" RETURNING {quote(opts.pk.column)}"
     return statement, tuple(set_fields), tuple(compared)
 
 
@@ -222,3 +230,27 @@ def row_claim(
     with transaction.mark_for_rollback_on_error(), bound_cursor(prepared=True) as cursor:
         cursor.execute(statement, params)
         return cursor.rowcount
+
+
+def rows_claim(
+    *, model: type[models.Model], pks: Sequence[Any], field: str, sources: frozenset[str], changes: dict[str, Any]
+) -> list[Any] | None:
+    """The keys of the rows ``filter(pk__in=pks, <field>__in=sources).update(**changes)``
+    moves, in one prepared statement that returns them (``UPDATE ... RETURNING``); None when
+    the ORM must run it (as ``row_claim``). The keys travel as one array parameter, so a
+    batch of any size is one statement shape, prepared once."""
+    if connection.vendor != "postgresql" or not sources or not pks:
+        return None
+    if not all(_plain_value(value) for value in changes.values()) or "pk" in changes:
+        return None
+    shape = _claim_statement(model, field, len(sources), (), tuple(changes), many=True)
+    if shape is None:
+        return None
+    statement, set_fields, compared = shape
+    pk = model._meta.pk
+    params = [f.get_db_prep_save(value, connection) for f, value in zip(set_fields, changes.values(), strict=True)]
+    params.append([pk.get_db_prep_value(key, connection, prepared=False) for key in pks])
+    params.extend(compared[0].get_db_prep_value(s, connection, prepared=False) for s in sorted(sources))
+    with transaction.mark_for_rollback_on_error(), bound_cursor(prepared=True) as cursor:
+        cursor.execute(statement, params)
+        return [pk.to_python(row[0]) for row in cursor.fetchall()]

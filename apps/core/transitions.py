@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from django.db import models
+from django.db import models, transaction
 
-from apps.core.bulk import row_claim
+from apps.core.bulk import row_claim, rows_claim
 
 
 class TransitionNotAllowed(ValueError):
@@ -95,6 +95,32 @@ class TransitionTable:
         return self.model._default_manager.filter(pk__in=list(pks), **{f"{self.field}__in": sources}).update(
             **{self.field: to, **(values or {})}
         )
+
+    def claim_each(
+        self,
+        *,
+        pks: Iterable[Any],
+        to: str,
+        source: Iterable[str] | None = None,
+        values: Mapping[str, Any] | None = None,
+    ) -> list[Any]:
+        """Move many rows with one UPDATE; returns the keys of those this call moved (each
+        row moved once, by whichever claim got there first). On PostgreSQL one prepared
+        ``UPDATE ... RETURNING`` (apps.core.bulk.rows_claim); else the rows that may move
+        are locked and read, then moved, in one transaction."""
+        sources = self.sources_of(to=to, source=source)
+        keys = list(dict.fromkeys(pks))
+        if not keys:
+            return []
+        changes = {self.field: to, **(values or {})}
+        moved = rows_claim(model=self.model, pks=keys, field=self.field, sources=sources, changes=changes)
+        if moved is not None:
+            return moved
+        with transaction.atomic():
+            rows = self.model._default_manager.select_for_update().filter(pk__in=keys, **{f"{self.field}__in": sources})
+            moved = list(rows.values_list("pk", flat=True))
+            self.model._default_manager.filter(pk__in=moved).update(**changes)
+        return moved
 
 
 def _reflect(*, instance: models.Model, changes: Mapping[str, Any]) -> None:

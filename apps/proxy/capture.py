@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -325,6 +326,51 @@ def interaction_settle(
     ):
         return
     publish_enqueue(interaction_id=interaction_id)
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """How one staged call's delivery ended, for ``interactions_settle``."""
+
+    interaction_id: str
+    delivery: str
+    error: str = ""
+    staged: Interaction | None = None  # the row as this process staged it
+
+
+def interactions_settle(*, settlements: Sequence[Settlement]) -> None:
+    """``interaction_settle`` for many calls at once (the proxy's settles that gathered while
+    one was written): the rows with the same outcome (delivery, error, eligibility) are
+    claimed by one UPDATE that returns those it moved, and only those are handed to the
+    publisher. A settlement without its staged row is settled alone, as before."""
+    outcomes: dict[tuple[str, str, str, str], list[str]] = {}
+    for settlement in settlements:
+        staged = settlement.staged
+        if staged is None or staged.id != settlement.interaction_id:
+            interaction_settle(
+                interaction_id=settlement.interaction_id,
+                delivery=settlement.delivery,
+                error=settlement.error,
+                staged=staged,
+            )
+            continue
+        eligibility, reason = _eligibility(staged, settlement.delivery)
+        key = (settlement.delivery, settlement.error[:2000], eligibility, reason)
+        outcomes.setdefault(key, []).append(settlement.interaction_id)
+    for (delivery, error, eligibility, reason), ids in outcomes.items():
+        moved = TABLES["delivery"].claim_each(
+            pks=ids,
+            to=delivery,
+            values={
+                "delivery_error": error,
+                "delivered_at": timezone.now() if delivery == Delivery.DELIVERED else None,
+                "eligibility": eligibility,
+                "eligibility_reason": reason,
+            },
+        )
+        logger.debug("interactions settled %s: %s of %s", delivery, len(moved), len(ids))
+        for interaction_id in moved:
+            publish_enqueue(interaction_id=interaction_id)
 
 
 def publish_enqueue(*, interaction_id: str) -> None:

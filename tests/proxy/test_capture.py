@@ -804,6 +804,86 @@ def test_settling_the_row_it_staged_reads_nothing_and_settles_once(alice, publis
         capture.interaction_settle(interaction_id=actor.id, delivery=Delivery.FAILED, staged=rows[1])
 
 
+def test_calls_that_settle_together_share_one_phase_and_one_update_per_outcome(alice, published, monkeypatch):
+    """The proxy's settles gather while one is written (apps.proxy.delivery._Settles): the
+    calls that settle in one turn are one database phase and one UPDATE per outcome, those
+    that settle while it runs are the next phase's batch; every row gets its own outcome
+    and eligibility and is published once, and a row already settled is neither moved nor
+    published again."""
+    import threading
+
+    from apps.proxy import delivery
+
+    route = make_route()
+    recs = [record(alice.org, route, ids_of(40, n), session=f"s-{n}") for n in range(7)]
+    recs[3].role = "judge"
+    rows = [capture.interaction_stage(rec=rec) for rec in recs]
+    outcomes = [Delivery.DELIVERED] * 4 + [Delivery.CLIENT_DISCONNECTED] + [Delivery.DELIVERED] * 2
+
+    phases: list[list[str]] = []
+    claims: list[tuple[str, int]] = []
+    first_running, later_joined = threading.Event(), threading.Event()
+    real_settle, real_claim = capture.interactions_settle, capture.DELIVERY_TRANSITIONS.claim_each
+
+    def settle(*, settlements):
+        phases.append([s.interaction_id for s in settlements])
+        if len(phases) == 1:  # the first write runs: the later calls settle meanwhile
+            first_running.set()
+            assert later_joined.wait(timeout=60)
+        return real_settle(settlements=settlements)
+
+    def claim_each(**kw):
+        moved = real_claim(**kw)
+        claims.append((kw["to"], len(moved)))
+        return moved
+
+    monkeypatch.setattr(capture, "interactions_settle", settle)
+    monkeypatch.setattr(capture.DELIVERY_TRANSITIONS, "claim_each", claim_each)
+
+    async def settle_all() -> None:
+        first = [
+            asyncio.ensure_future(
+                delivery._settle_shielded(interaction_id=row.id, delivery=outcome, error="", staged=row)
+            )
+            for row, outcome in zip(rows[:5], outcomes[:5], strict=True)
+        ]
+        await asyncio.get_running_loop().run_in_executor(None, first_running.wait)
+        later = [
+            asyncio.ensure_future(
+                delivery._settle_shielded(interaction_id=row.id, delivery=outcome, error="", staged=row)
+            )
+            for row, outcome in zip(rows[5:], outcomes[5:], strict=True)
+        ]
+        await asyncio.sleep(0)  # the later settles have joined the next batch
+        later_joined.set()
+        await asyncio.gather(*first, *later)
+
+    async_to_sync(settle_all)()
+    assert phases == [[row.id for row in rows[:5]], [row.id for row in rows[5:]]]
+    # First batch: delivered and eligible (3), the judge's (1), the disconnected one (1).
+    assert sorted(claims[:3]) == sorted([(Delivery.DELIVERED, 3), (Delivery.DELIVERED, 1), ("client_disconnected", 1)])
+    assert claims[3:] == [(Delivery.DELIVERED, 2)]
+    settled = {row.id: Interaction.objects.get(pk=row.id) for row in rows}
+    for row, outcome in zip(rows, outcomes, strict=True):
+        got = settled[row.id]
+        assert got.delivery == outcome
+        assert (got.delivered_at is not None) == (outcome == Delivery.DELIVERED)
+        expected = (
+            Eligibility.ELIGIBLE if outcome == Delivery.DELIVERED and row.role == "actor" else Eligibility.INELIGIBLE
+        )
+        assert got.eligibility == expected
+    assert settled[rows[4].id].delivery_error == ""
+    assert sorted(published) == sorted(row.id for row in rows)
+
+    # Settled already (by the same call's other path, or a sweeper): nothing moves, nothing
+    # is published twice.
+    async_to_sync(delivery._settle_shielded)(
+        interaction_id=rows[0].id, delivery=Delivery.CLIENT_DISCONNECTED, error="late", staged=rows[0]
+    )
+    assert Interaction.objects.get(pk=rows[0].id).delivery == Delivery.DELIVERED
+    assert sorted(published) == sorted(row.id for row in rows)
+
+
 def test_the_request_text_loads_back_to_the_request_in_its_key_order():
     """The staged request_json is written by orjson; json writes what orjson refuses (an
     integer beyond 64 bits). Either way it loads back to the request, keys in their order

@@ -407,3 +407,66 @@ def test_a_claim_the_prepared_statement_cannot_express_goes_through_the_orm(alic
     )
     assert (trial.status, trial.tries) == ("failed", 3)  # the expression's value read back
     assert Trial.objects.filter(pk=trial.pk, status="failed", tries=3).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claiming_many_rows_returns_exactly_the_ones_this_claim_moved(alice, inputs):
+    """claim_each (the proxy's batched settles): one UPDATE ... RETURNING on PostgreSQL that
+    writes what the ORM's update writes; a row in a status the move does not start from is
+    neither moved nor returned; two batches racing over the same rows each return only
+    the rows they moved, and together every row once. Off the prepared path (a value the
+    statement cannot express) the same rows come back, locked and moved by the ORM."""
+    from django.db.models import F
+    from django.test.utils import CaptureQueriesContext
+
+    assert connection.vendor == "postgresql"
+    run = _run(alice.org, inputs)
+    trials = list(Trial.objects.filter(run=run).order_by("id"))
+    assert len(trials) >= 4
+    ids = [t.pk for t in trials]
+    Trial.objects.filter(pk__in=ids).update(status="running")
+    Trial.objects.filter(pk=ids[0]).update(status="succeeded")  # already final: not moved
+    values = {"error_message": "line\nand 'quotes'", "finished_at": timezone.now(), "rewards": {"r": [1, 0.5]}}
+    with CaptureQueriesContext(connection) as queries:
+        moved = TRIAL_TRANSITIONS.claim_each(pks=[*ids[:3], ids[1], "trl_gone"], to="failed", values=values)
+    assert sorted(moved) == sorted(ids[1:3])
+    assert len(queries.captured_queries) == 1 and "RETURNING" in queries.captured_queries[0]["sql"]
+    # The twin written by the ORM's update with the same values reads back the same.
+    sources = TRIAL_TRANSITIONS.sources_of(to="failed")
+    Trial.objects.filter(pk=ids[3], status__in=sources).update(status="failed", **values)
+    assert _claimed_fields(trials[1]) == _claimed_fields(trials[3])
+    assert Trial.objects.get(pk=ids[0]).status == "succeeded"
+    assert TRIAL_TRANSITIONS.claim_each(pks=ids, to="failed") == []  # nothing left to move
+    assert TRIAL_TRANSITIONS.claim_each(pks=[], to="failed") == []
+
+    # Racing batches over overlapping rows: each row is returned by exactly one of them.
+    more = list(Trial.objects.filter(run=_run(alice.org, inputs, key="k2")).values_list("pk", flat=True))
+    Trial.objects.filter(pk__in=more).update(status="running")
+    n = 6
+    barrier = threading.Barrier(n)
+    lock = threading.Lock()
+    won: list[Any] = []
+
+    def claim(offset: int) -> None:
+        try:
+            barrier.wait()
+            mine = TRIAL_TRANSITIONS.claim_each(pks=more[offset:] + more[:offset], to="cancelled")
+            with lock:
+                won.extend(mine)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(won) == sorted(more)
+    assert set(Trial.objects.filter(pk__in=more).values_list("status", flat=True)) == {"cancelled"}
+
+    # An expression among the values: the ORM locks, reads and moves the same rows.
+    Trial.objects.filter(pk__in=more).update(status="running", tries=1)
+    Trial.objects.filter(pk=more[0]).update(status="succeeded")
+    moved = TRIAL_TRANSITIONS.claim_each(pks=more, to="failed", values={"tries": F("tries") + 1})
+    assert sorted(moved) == sorted(more[1:])
+    assert set(Trial.objects.filter(pk__in=more[1:]).values_list("status", "tries")) == {("failed", 2)}
