@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from django.db import models, transaction
+from django.db import connection, models, transaction
 
 from apps.core.bulk import row_claim, rows_claim
 
@@ -107,7 +107,8 @@ class TransitionTable:
         """Move many rows with one UPDATE; returns the keys of those this call moved (each
         row moved once, by whichever claim got there first). On PostgreSQL one prepared
         ``UPDATE ... RETURNING`` (apps.core.bulk.rows_claim); else the rows that may move
-        are locked and read, then moved, in one transaction."""
+        are locked and read, then moved, in one transaction, or, on a database without row
+        locks (SQLite), claimed one by one (each claim's row count says whether it moved)."""
         sources = self.sources_of(to=to, source=source)
         keys = list(dict.fromkeys(pks))
         if not keys:
@@ -116,6 +117,8 @@ class TransitionTable:
         moved = rows_claim(model=self.model, pks=keys, field=self.field, sources=sources, changes=changes)
         if moved is not None:
             return moved
+        if not connection.features.has_select_for_update:
+            return [key for key in keys if self.claim(pk=key, to=to, source=sources, values=values)]
         with transaction.atomic():
             rows = self.model._default_manager.select_for_update().filter(pk__in=keys, **{f"{self.field}__in": sources})
             moved = list(rows.values_list("pk", flat=True))

@@ -410,12 +410,13 @@ def test_a_claim_the_prepared_statement_cannot_express_goes_through_the_orm(alic
 
 
 @pytest.mark.django_db(transaction=True)
-def test_claiming_many_rows_returns_exactly_the_ones_this_claim_moved(alice, inputs):
+def test_claiming_many_rows_returns_exactly_the_ones_this_claim_moved(alice, inputs, monkeypatch):
     """claim_each (the proxy's batched settles): one UPDATE ... RETURNING on PostgreSQL that
     writes what the ORM's update writes; a row in a status the move does not start from is
     neither moved nor returned; two batches racing over the same rows each return only
     the rows they moved, and together every row once. Off the prepared path (a value the
-    statement cannot express) the same rows come back, locked and moved by the ORM."""
+    statement cannot express) the same rows come back, locked and moved by the ORM, or,
+    without row locks (SQLite), claimed one by one."""
     from django.db.models import F
     from django.test.utils import CaptureQueriesContext
 
@@ -470,3 +471,16 @@ def test_claiming_many_rows_returns_exactly_the_ones_this_claim_moved(alice, inp
     moved = TRIAL_TRANSITIONS.claim_each(pks=more, to="failed", values={"tries": F("tries") + 1})
     assert sorted(moved) == sorted(more[1:])
     assert set(Trial.objects.filter(pk__in=more[1:]).values_list("status", "tries")) == {("failed", 2)}
+
+    monkeypatch.setattr(connection.features, "has_select_for_update", False)
+    Trial.objects.filter(pk__in=more).update(status="running")
+    Trial.objects.filter(pk=more[-1]).update(status="succeeded")
+    tries = dict(Trial.objects.filter(pk__in=more).values_list("pk", "tries"))
+    with CaptureQueriesContext(connection) as queries:
+        moved = TRIAL_TRANSITIONS.claim_each(pks=more, to="failed", values={"tries": F("tries") + 1})
+    assert sorted(moved) == sorted(more[:-1])
+    assert len(queries.captured_queries) == len(more) and "FOR UPDATE" not in queries.captured_queries[0]["sql"]
+    after = {
+        pk: (status, n) for pk, status, n in Trial.objects.filter(pk__in=more).values_list("pk", "status", "tries")
+    }
+    assert after == {pk: ("succeeded", tries[pk]) if pk == more[-1] else ("failed", tries[pk] + 1) for pk in more}
