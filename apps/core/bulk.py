@@ -115,7 +115,7 @@ def _insert_statement(model: type[models.Model]) -> tuple[str, tuple[models.Fiel
     return f"INSERT INTO {quote(opts.db_table)} ({columns}) VALUES ({', '.join(['%s'] * len(fields))})", fields
 
 
-def row_insert(*, obj: models.Model) -> None:
+def row_insert(*, obj: models.Model, prepared: bool = False) -> None:
     """Insert ``obj`` (a new instance whose key is set, of a model with no save() of its own
     and no signal receivers) as ``obj.save(force_insert=True)`` writes it.
 
@@ -124,14 +124,15 @@ def row_insert(*, obj: models.Model) -> None:
     value into the statement's text, the staged payload's kilobytes of JSON included. Here
     the statement is built once per model and, on PostgreSQL, sent with its values as
     parameters (server-side binding). The values are those an INSERT of each field would
-    write (pre_save fills auto_now_add times; get_db_prep_save adapts JSON, bytes, keys)."""
+    write (pre_save fills auto_now_add times; get_db_prep_save adapts JSON, bytes, keys).
+    ``prepared``: as ``bound_cursor``'s, for a row a process inserts over and over."""
     model = type(obj)
     if connection.vendor != "postgresql" or obj._meta.auto_field is not None and obj.pk is None:
         obj.save(force_insert=True)
         return
     statement, fields = _insert_statement(model)
     values = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
-    with bound_cursor(prepared=False) as cursor:
+    with bound_cursor(prepared=prepared) as cursor:
         cursor.execute(statement, values)
     obj._state.adding, obj._state.db = False, connection.alias
 

@@ -484,3 +484,39 @@ def test_claiming_many_rows_returns_exactly_the_ones_this_claim_moved(alice, inp
         pk: (status, n) for pk, status, n in Trial.objects.filter(pk__in=more).values_list("pk", "status", "tries")
     }
     assert after == {pk: ("succeeded", tries[pk]) if pk == more[-1] else ("failed", tries[pk] + 1) for pk in more}
+
+
+@pytest.mark.django_db
+def test_a_submissions_rows_are_written_as_save_writes_them_by_prepared_inserts(alice, inputs):
+    """run_submit inserts its run and spec with apps.core.bulk.row_insert (prepared, without
+    the ORM's per-row compile): the rows read back as save() writes the same instances, and
+    a second submission under the same key still answers with the first run."""
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.runs.models import RunSpec
+
+    with CaptureQueriesContext(connection) as queries:
+        run, created = run_submit(org=alice.org, user=None, idempotency_key="rows", body=inputs["body"])
+    assert created
+    inserts = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT INTO")]
+    assert [sql.split('"')[1] for sql in inserts[:2]] == ["runs_run", "runs_runspec"]
+    assert all("%s" not in sql and "$1" in sql for sql in inserts[:2])  # bound by the server, not quoted in
+    # The same instances written by save(): every column but the keys and times the same.
+    stored_run = Run.objects.filter(pk=run.pk).values().get()
+    stored_spec = RunSpec.objects.filter(run_id=run.pk).values().get()
+    twin = Run.objects.get(pk=run.pk)
+    twin.pk, twin.idempotency_key, twin._state.adding = None, "rows-twin", True
+    twin.id = Run._meta.pk.get_default()
+    twin.save(force_insert=True)
+    spec = RunSpec.objects.get(run_id=run.pk)
+    spec.run_id, spec._state.adding = twin.pk, True
+    spec.save(force_insert=True)
+
+    def comparable(row: dict, *keys: str) -> dict:
+        return {k: v for k, v in row.items() if k not in keys}
+
+    skip = ("id", "run_id", "idempotency_key", "created_at", "updated_at")
+    assert comparable(Run.objects.filter(pk=twin.pk).values().get(), *skip) == comparable(stored_run, *skip)
+    assert comparable(RunSpec.objects.filter(run_id=twin.pk).values().get(), *skip) == comparable(stored_spec, *skip)
+    again, created = run_submit(org=alice.org, user=None, idempotency_key="rows", body=inputs["body"])
+    assert (again.pk, created) == (run.pk, False)
