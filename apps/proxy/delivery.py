@@ -76,6 +76,7 @@ class CallDelivery:
     async def delivered(self) -> None:
         """The server has sent the whole answer (the stream's message_stop)."""
         self._leave(STAGED, DELIVERED)
+        assert self.interaction_id is not None  # set with the state staged
         await _settle_shielded(interaction_id=self.interaction_id, delivery=Delivery.DELIVERED, staged=self._staged)
 
     def delivered_sync(self) -> None:

@@ -224,9 +224,7 @@ class CallerCache:
 @functools.cache
 def _live_statement() -> str:
     meta = ModelCredential._meta
-    column = {
-        name: connection.ops.quote_name(meta.get_field(name).column) for name in ("id", "expires_at", "revoked_at")
-    }
+    column = {f.name: connection.ops.quote_name(f.column) for f in meta.concrete_fields}
     return (
         f"SELECT {column['id']}, {column['expires_at']} FROM {connection.ops.quote_name(meta.db_table)} "
         f"WHERE {column['id']} = ANY(string_to_array(%s, ',')) AND {column['revoked_at']} IS NULL"
