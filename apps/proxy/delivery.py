@@ -133,8 +133,9 @@ class _Settles:
 
     Each call's settle was a phase of its own before: a thread hop, a claim and a look at
     the cached callers per call, queued for the process's few database slots behind the
-    other calls' authentication and staging. Settling is off the answer's path (the last
-    event is out), so gathering costs no call any latency.
+    other calls' authentication and staging. A settle begins once the answer's last event
+    is out; the response still ends only when its row is settled, as before, and may now
+    wait for the write running ahead of its own (one phase, against one per call before).
 
     The write is the batch's own task, which cancelling a response's task cannot stop. A
     client that closes the connection as soon as it has the protocol's last event (Codex
