@@ -171,3 +171,84 @@ def _slots() -> PhaseSlots:
     if slots is None:
         slots = _slots_by_loop[loop] = PhaseSlots(size=settings.SYNTH_PROXY_DB_SLOTS)
     return slots
+
+
+class _Batch:
+    """One event loop's state of a PhaseBatches."""
+
+    def __init__(self) -> None:
+        self.gathering: dict[Any, asyncio.Future[Any]] = {}  # the next batch, still open
+        self.waiting: dict[Any, asyncio.Future[Any]] = {}  # every key not answered yet
+        self.running = False  # a phase is running: it takes what gathers when it is done
+        self.tasks: set[asyncio.Task[None]] = set()  # the run in progress (kept from collection)
+
+
+class PhaseBatches:
+    """Work that arrives one key at a time, done in batches, one batch at a time per event
+    loop: ``run`` (a coroutine function: the batch's keys -> each key's result or exception)
+    takes the keys of one turn of the loop, and the keys that arrive while it runs gather for
+    the next batch, which the same run takes as soon as it has answered its own. Nothing
+    waits to fill a batch. A key already waiting shares its answer.
+
+    Used where per-call database phases queued for the process's few slots: the credential
+    loads of calls not found cached (apps.proxy.exchange) and the settles of finished calls
+    (apps.proxy.delivery). The run is a task of its own, so cancelling a caller's task does
+    not stop it; cancelling the run (the loop closing) cancels every key it would have
+    answered."""
+
+    def __init__(self, *, run: Callable[[list[Any]], Awaitable[dict[Any, Any]]]) -> None:
+        self.run = run
+        self.by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Batch] = weakref.WeakKeyDictionary()
+
+    def join(self, key: Any) -> asyncio.Future[Any]:
+        """The future of ``key``'s answer (shield it: other callers may share it)."""
+        loop = asyncio.get_running_loop()
+        batch = self.by_loop.get(loop)
+        if batch is None:
+            batch = self.by_loop[loop] = _Batch()
+        future = batch.waiting.get(key)
+        if future is not None:
+            return future
+        if not batch.running:
+            batch.running = True
+            task = loop.create_task(self._run(batch))
+            batch.tasks.add(task)
+            task.add_done_callback(batch.tasks.discard)
+        future = batch.gathering[key] = batch.waiting[key] = loop.create_future()
+        # Its error is raised in every caller waiting for it; marked seen here, so that one
+        # no caller waits for any more (all went away) is not reported as never retrieved.
+        future.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return future
+
+    async def _run(self, batch: _Batch) -> None:
+        """Run batch after batch until nothing gathers; `running` is cleared in the same step
+        as the last look at `gathering`, so a key either joins a batch this run takes or
+        starts the next run."""
+        taken: dict[Any, asyncio.Future[Any]] = {}
+        try:
+            await asyncio.sleep(0)  # the keys of this turn of the loop join
+            while batch.gathering:
+                taken, batch.gathering = batch.gathering, {}
+                try:
+                    results = await self.run(list(taken))
+                except Exception as exc:  # noqa: BLE001 - each caller raises it
+                    results = dict.fromkeys(taken, exc)
+                for key, future in taken.items():
+                    batch.waiting.pop(key, None)
+                    result = results[key]
+                    if future.done():
+                        continue
+                    if isinstance(result, BaseException):
+                        future.set_exception(result)
+                    else:
+                        future.set_result(result)
+                taken = {}
+        except BaseException:  # the run itself cancelled (the loop closing): no caller waits for ever
+            # Its batch and what gathered meanwhile end with it: no run would take them.
+            for key, future in [*taken.items(), *batch.gathering.items()]:
+                batch.waiting.pop(key, None)
+                future.cancel()
+            batch.gathering = {}
+            raise
+        finally:
+            batch.running = False

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from typing import Any
 
 from apps.proxy import calls, capture, lookups
-from apps.proxy.db import db_phase
+from apps.proxy.db import PhaseBatches, db_phase
 from apps.proxy.models import Delivery, Interaction
 
 logger = logging.getLogger(__name__)
@@ -119,94 +118,41 @@ def _settle(*, interaction_id: str, delivery: str, error: str = "", staged: Inte
 
 
 def _settle_many(*, settlements: list[capture.Settlement]) -> None:
-    """`_settle` for the settles that gathered while the last write ran (see `_Settles`)."""
+    """`_settle` for the settles that gathered while the last write ran (see `_SETTLES`)."""
     capture.interactions_settle(settlements=settlements)
     lookups.lookups_confirm_ahead()
 
 
-class _Settles:
-    """The settles of one event loop, written together: one write runs at a time, and the
-    calls whose answers went out while it ran are settled by the next, in one database
-    phase and one UPDATE per outcome (apps.proxy.capture.interactions_settle). A call that
-    settles when none runs is written in the next turn of the loop, with whatever else
-    settled in that turn: nothing waits to fill a batch.
-
-    Each call's settle was a phase of its own before: a thread hop, a claim and a look at
-    the cached callers per call, queued for the process's few database slots behind the
-    other calls' authentication and staging. A settle begins once the answer's last event
-    is out; the response still ends only when its row is settled, as before, and may now
-    wait for the write running ahead of its own (one phase, against one per call before).
-
-    The write is the batch's own task, which cancelling a response's task cannot stop. A
-    client that closes the connection as soon as it has the protocol's last event (Codex
-    returns on response.completed without reading to the end of the stream) gets the
-    response's task cancelled while its settle waits; were the write that task's, it would
-    never start and the row would stay pending, so the attempt's last call would be
-    unsettled when the learner reads it."""
-
-    def __init__(self) -> None:
-        self.gathering: list[tuple[capture.Settlement, asyncio.Future[None]]] = []  # the next batch
-        self.running = False  # a write is running: it takes what gathers when it is done
-        self.tasks: set[asyncio.Task[None]] = set()  # the write running (kept from collection)
+async def _settles_phase(settlements: list[capture.Settlement]) -> dict[capture.Settlement, None]:
+    await db_phase(_settle_many)(settlements=settlements)
+    return dict.fromkeys(settlements)
 
 
-_settles: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Settles] = weakref.WeakKeyDictionary()
-
-
-def _settle_joining(settlement: capture.Settlement) -> asyncio.Future[None]:
-    loop = asyncio.get_running_loop()
-    settles = _settles.get(loop)
-    if settles is None:
-        settles = _settles[loop] = _Settles()
-    future: asyncio.Future[None] = loop.create_future()
-    # Its error is raised in the call waiting for it; marked seen here, so that one no call
-    # waits for any more (its task cancelled) is not reported as never retrieved.
-    future.add_done_callback(lambda done: done.cancelled() or done.exception())
-    settles.gathering.append((settlement, future))
-    if not settles.running:
-        settles.running = True
-        task = loop.create_task(_settles_write(settles))
-        settles.tasks.add(task)
-        task.add_done_callback(settles.tasks.discard)
-    return future
-
-
-async def _settles_write(settles: _Settles) -> None:
-    """Write batch after batch until nothing gathers; `running` is cleared in the same step as
-    the last look at `gathering`, so a settle either joins a batch this write takes or
-    starts the next write."""
-    batch: list[tuple[capture.Settlement, asyncio.Future[None]]] = []
-    try:
-        await asyncio.sleep(0)  # the settles of this turn of the loop join
-        while settles.gathering:
-            batch, settles.gathering = settles.gathering, []
-            try:
-                await db_phase(_settle_many)(settlements=[settlement for settlement, _ in batch])
-            except Exception as exc:  # noqa: BLE001 - each call's settle raises it (the rows stay staged)
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-            else:
-                for _, future in batch:
-                    if not future.done():
-                        future.set_result(None)
-            batch = []
-    except BaseException:  # the write itself cancelled (the loop closing): no call waits for ever
-        for _, future in [*batch, *settles.gathering]:
-            future.cancel()
-        settles.gathering = []
-        raise
-    finally:
-        settles.running = False
+# The settles of one event loop, written together: one write runs at a time, and the calls
+# whose answers went out while it ran are settled by the next, in one database phase and
+# one UPDATE per outcome (apps.proxy.capture.interactions_settle). Each call's settle was a
+# phase of its own before: a thread hop, a claim and a look at the cached callers per call,
+# queued for the process's few database slots behind the other calls' authentication and
+# staging. A settle begins once the answer's last event is out; the response still ends
+# only when its row is settled, as before, and may now wait for the write running ahead of
+# its own (one phase, against one per call before).
+#
+# The write is the batch's own task, which cancelling a response's task cannot stop. A
+# client that closes the connection as soon as it has the protocol's last event (Codex
+# returns on response.completed without reading to the end of the stream) gets the
+# response's task cancelled while its settle waits; were the write that task's, it would
+# never start and the row would stay pending, so the attempt's last call would be
+# unsettled when the learner reads it.
+_SETTLES = PhaseBatches(run=_settles_phase)
 
 
 async def _settle_shielded(
     *, interaction_id: str, delivery: str, error: str = "", staged: Interaction | None = None
 ) -> None:
-    """Settle with the other calls of this event loop (`_Settles`), in a write that
+    """Settle with the other calls of this event loop (`_SETTLES`), in a write that
     cancelling the response's task cannot stop."""
     settlement = capture.Settlement(interaction_id=interaction_id, delivery=delivery, error=error, staged=staged)
-    await asyncio.shield(_settle_joining(settlement))
+    await asyncio.shield(_SETTLES.join(settlement))
 
 
 async def _record_unanswered(prepared: calls.Prepared, *, delivery: str, error: str) -> None:

@@ -31,7 +31,7 @@ from django.http.response import HttpResponseBase
 from apps.core.inputs import InputProblem, json_loads_strict
 from apps.proxy import calls, lookups, pool
 from apps.proxy.credentials import Caller, is_model_credential, secret_from_headers
-from apps.proxy.db import db_phase
+from apps.proxy.db import PhaseBatches, db_phase
 from apps.proxy.delivery import CallDelivery
 from apps.proxy.errors import (
     ApiError,
@@ -140,81 +140,25 @@ async def authenticate(request: HttpRequest) -> Caller:
     return await asyncio.shield(_caller_loading(secret=secret))
 
 
-class _CallerLoads:
-    """The model credentials of one event loop not found cached, loaded together: the calls
-    that miss in the same turn of the loop (a run's attempts starting at once, each with a
-    credential of its own) share one database phase and one query, instead of each
-    queueing its own phase for the process's few database slots.
-
-    One load runs at a time: the misses that arrive while its phase runs gather for the next
-    batch, which the same load takes as soon as it has answered its own. When a fleet's
-    sessions open over a few hundred milliseconds, each turn's misses started a load of
-    their own before: tens of small phases, each waiting for a slot behind the other calls'
-    staging and settling (the opening calls' wait to authenticate was p50 32-76 ms, p99 up
-    to 230 ms at 200 sessions)."""
-
-    def __init__(self) -> None:
-        self.gathering: dict[str, asyncio.Future[Caller]] = {}  # the next batch, still open
-        self.waiting: dict[str, asyncio.Future[Caller]] = {}  # every secret not answered yet
-        self.running = False  # a load is running: it takes what gathers when it is done
-        self.tasks: set[asyncio.Task[None]] = set()  # the load running (kept from collection)
+async def _callers_phase(secrets: list[str]) -> dict[str, Any]:
+    return await db_phase(lookups.callers_load, first=True)(secrets=secrets)
 
 
-_caller_loads: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _CallerLoads] = weakref.WeakKeyDictionary()
+# The model credentials of one event loop not found cached, loaded together: the calls that
+# miss in the same turn of the loop (a run's attempts starting at once, each with a
+# credential of its own) share one database phase and one query, instead of each queueing
+# its own phase for the process's few database slots. One load runs at a time: the misses
+# that arrive while its phase runs gather for the next batch. When a fleet's sessions open
+# over a few hundred milliseconds, each turn's misses started a load of their own before:
+# tens of small phases, each waiting for a slot behind the other calls' staging and
+# settling (the opening calls' wait to authenticate was p50 32-76 ms, p99 up to 230 ms at
+# 200 sessions).
+_CALLER_LOADS = PhaseBatches(run=_callers_phase)
+_caller_loads = _CALLER_LOADS.by_loop  # each event loop's loads (tests look at them)
 
 
 def _caller_loading(*, secret: str) -> asyncio.Future[Caller]:
-    loop = asyncio.get_running_loop()
-    loads = _caller_loads.get(loop)
-    if loads is None:
-        loads = _caller_loads[loop] = _CallerLoads()
-    future = loads.waiting.get(secret)
-    if future is not None:
-        return future
-    if not loads.running:
-        loads.running = True
-        task = loop.create_task(_callers_load(loads))
-        loads.tasks.add(task)
-        task.add_done_callback(loads.tasks.discard)
-    future = loads.gathering[secret] = loads.waiting[secret] = loop.create_future()
-    # Its error is raised in every call waiting for it; marked seen here, so that one no
-    # call is left waiting for (all went away) is not reported as never retrieved.
-    future.add_done_callback(lambda done: done.cancelled() or done.exception())
-    return future
-
-
-async def _callers_load(loads: _CallerLoads) -> None:
-    """Load batch after batch until nothing gathers; `running` is cleared in the same step as
-    the last look at `gathering`, so a miss either joins a batch this load takes or starts
-    the next load."""
-    batch: dict[str, asyncio.Future[Caller]] = {}
-    try:
-        await asyncio.sleep(0)  # the misses of this turn of the loop join
-        while loads.gathering:
-            batch, loads.gathering = loads.gathering, {}
-            try:
-                results: dict[str, Any] = await db_phase(lookups.callers_load, first=True)(secrets=list(batch))
-            except Exception as exc:  # noqa: BLE001 - each call answers it (a database error: overloaded)
-                results = dict.fromkeys(batch, exc)
-            for secret, future in batch.items():
-                loads.waiting.pop(secret, None)
-                result = results[secret]
-                if future.done():
-                    continue
-                if isinstance(result, BaseException):
-                    future.set_exception(result)
-                else:
-                    future.set_result(result)
-            batch = {}
-    except BaseException:  # the load itself cancelled (the loop closing): no call waits for ever
-        # Its batch and what gathered meanwhile end with it: no load would take them.
-        for secret, future in [*batch.items(), *loads.gathering.items()]:
-            loads.waiting.pop(secret, None)
-            future.cancel()
-        loads.gathering = {}
-        raise
-    finally:
-        loads.running = False
+    return _CALLER_LOADS.join(secret)
 
 
 # The route table's read in flight, per event loop: the calls that find the table stale

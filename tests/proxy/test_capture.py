@@ -805,7 +805,7 @@ def test_settling_the_row_it_staged_reads_nothing_and_settles_once(alice, publis
 
 
 def test_calls_that_settle_together_share_one_phase_and_one_update_per_outcome(alice, published, monkeypatch):
-    """The proxy's settles gather while one is written (apps.proxy.delivery._Settles): the
+    """The proxy's settles gather while one is written (apps.proxy.delivery._SETTLES): the
     calls that settle in one turn are one database phase and one UPDATE per outcome, those
     that settle while it runs are the next phase's batch; every row gets its own outcome
     and eligibility and is published once, and a row already settled is neither moved nor
