@@ -24,6 +24,7 @@ synth_project.asgi:application stays the whole application, for other uses.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -48,6 +49,7 @@ from django.utils.module_loading import import_string  # noqa: E402
 
 from apps.proxy.db import db_phase  # noqa: E402
 from apps.proxy.errors import error_payload, new_request_id  # noqa: E402 - needs the app registry
+from apps.proxy.exchange import lookups_tend  # noqa: E402
 from apps.proxy.warmup import proxy_warm  # noqa: E402
 from synth_common.logfold import ErrorResponseFolder, RepeatFolder  # noqa: E402
 
@@ -238,6 +240,7 @@ def _gc_settle() -> None:
 
 
 async def _lifespan(receive: Any, send: Any) -> None:
+    tending: asyncio.Task[None] | None = None
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
@@ -246,8 +249,14 @@ async def _lifespan(receive: Any, send: Any) -> None:
             families = await asyncio.to_thread(proxy_warm, urlconf=PROXY_URLCONF)
             logging.getLogger(__name__).info("proxy warmed: adapters %s", ", ".join(families) or "none")
             _gc_settle()
+            # Before the first call: the credentials of attempts starting now are cached ahead.
+            tending = asyncio.create_task(lookups_tend())
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
+            if tending is not None:
+                tending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await tending
             await send({"type": "lifespan.shutdown.complete"})
             return
 

@@ -15,7 +15,16 @@ _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case
 
 
 def new_id(prefix: str) -> str:
-    value = (int(time.time() * 1000) << 80) | secrets.randbits(80)
+    return _encoded(prefix, (int(time.time() * 1000) << 80) | secrets.randbits(80))
+
+
+def id_floor(prefix: str, *, at: float) -> str:
+    """The least id of ``prefix`` that ``new_id`` can make at ``at`` (seconds since the epoch)
+    or later: the rows made since a moment are a range of their primary key."""
+    return _encoded(prefix, max(0, int(at * 1000)) << 80)
+
+
+def _encoded(prefix: str, value: int) -> str:
     chars = []
     for _ in range(26):
         chars.append(_ALPHABET[value & 31])

@@ -59,6 +59,11 @@ class Caller:
         return self.credential.trial_id if self.credential is not None else ""
 
 
+def attempt_caller(cred: ModelCredential) -> Caller:
+    """The caller of an attempt's credential (its row read with its organization)."""
+    return Caller(org=cred.org, kind="attempt", credential=cred)
+
+
 def secret_from_headers(headers: object) -> str | None:
     get = headers.get  # type: ignore[attr-defined]
     key = (get("x-api-key") or "").strip()
@@ -117,7 +122,7 @@ def credential_callers_authenticate(*, secrets: Sequence[str]) -> dict[str, Call
         except AuthenticationFailed as exc:
             out[secret] = exc
         else:
-            out[secret] = Caller(org=cred.org, kind="attempt", credential=cred)
+            out[secret] = attempt_caller(cred)
     return out
 
 
@@ -126,8 +131,7 @@ def caller_authenticate(*, secret: str | None) -> Caller:
     if not secret:
         raise AuthenticationFailed("x-api-key header is required")
     if is_model_credential(secret):
-        cred = _credential_verify(secret)
-        return Caller(org=cred.org, kind="attempt", credential=cred)
+        return attempt_caller(_credential_verify(secret))
     token = token_verify(secret=secret)
     if token is None:
         raise AuthenticationFailed("invalid x-api-key")

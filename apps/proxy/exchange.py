@@ -181,6 +181,23 @@ async def routes_current() -> Sequence[ModelRoute]:
     return await asyncio.shield(read)
 
 
+async def lookups_tend() -> None:
+    """Run forever in a proxy process (started with its server, apps.proxy_asgi): every half
+    check interval, a database phase that caches the credentials minted lately and confirms
+    the callers in use ahead (lookups.lookups_keep_fresh), so the attempts' first calls and a
+    quiet process's callers are found fresh. Nothing to do when the lookups are not cached."""
+    half = settings.SYNTH_PROXY_LOOKUP_CHECK_SECONDS / 2
+    if half <= 0:
+        return
+    tend = db_phase(lookups.lookups_keep_fresh)
+    while True:
+        try:
+            await tend()
+        except Exception:  # noqa: BLE001 - the next tick tries again; calls read what is stale
+            logger.warning("proxy lookups: the timer's phase failed", exc_info=True)
+        await asyncio.sleep(half)
+
+
 async def context_build(
     request: HttpRequest, *, caller: Caller, model: str, request_id: str, protocol: str = "messages"
 ) -> calls.CallContext:

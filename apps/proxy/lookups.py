@@ -28,6 +28,19 @@ is unchanged: an entry is still served only while its last confirmation is withi
 interval, judged at the moment the call asked (a confirmation that began after the call
 arrived is valid for it, however long the query and the thread hop behind it took).
 
+An attempt's first call need not read its caller either. Attempt credentials are minted
+as their attempts start, seconds before the harness in the sandbox makes its first call; a
+proxy process looks for those minted since its last look every half interval, on a timer of
+its own (`lookups_keep_fresh`: one query over a range of the primary key, whose ids are
+time-ordered), and caches those in force as in use, so they are confirmed ahead with the
+others until their first call and after. Without it every attempt's first call was a miss: a
+database phase before its first byte, and when a fleet's sessions opened together, one batch
+of loads after another (the opening calls' wait to authenticate was p50 142-153 ms at 200
+sessions). A credential minted before a process's first look (within CALLER_ACTIVE_SECONDS)
+is looked for too; one missed (committed later than the overlap allows, or past the bound of
+one look) is read on its first call, as before. Revocation is unchanged: a cached entry is
+served only while its last read or confirmation is within the interval.
+
 Failures are not cached: an unknown or revoked secret reads the database every time, which
 is also where its exact refusal comes from (apps.proxy.credentials).
 
@@ -44,7 +57,8 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, cast
 
 from cachetools import TTLCache
 from django.conf import settings
@@ -54,7 +68,8 @@ from django.utils import timezone
 from apps.accounts.models import ModelCredential
 from apps.accounts.services import token_hash
 from apps.core.bulk import bound_cursor
-from apps.proxy.credentials import Caller, caller_authenticate, credential_callers_authenticate
+from apps.core.ids import PrefixedIdField, id_floor
+from apps.proxy.credentials import Caller, attempt_caller, caller_authenticate, credential_callers_authenticate
 from apps.proxy.errors import AuthenticationFailed
 from apps.proxy.models import ModelRoute
 from synth_common.fresh_cache import FreshCache
@@ -70,6 +85,13 @@ CALLER_TTL_SECONDS = 300.0
 CALLER_ACTIVE_SECONDS = 60.0
 # Credentials confirmed per query (SQLite bounds a statement's parameters).
 CONFIRM_BATCH = 500
+# A look for credentials minted lately reads back this far before the previous look began: a
+# row whose id was made before another's may commit after it (ids are made in Python, before
+# the INSERT), and the minting hosts' clocks may differ a little from this one's.
+MINTED_OVERLAP_SECONDS = 5.0
+# Credentials cached by one look, at most (the newest): a mass of them minted at once must
+# not evict the callers in use.
+MINTED_MOST = CALLER_ENTRIES // 4
 
 
 def _fresh(valid_as_of: float, *, now: float | None = None) -> bool:
@@ -92,6 +114,7 @@ class CallerCache:
         self._confirming = threading.Lock()  # held across the confirming query, never with _lock
         self._entries: TTLCache[str, _Entry] = TTLCache(maxsize=CALLER_ENTRIES, ttl=CALLER_TTL_SECONDS)
         self._ahead_at = -math.inf  # when the last confirmation ahead began (monotonic)
+        self._minted_looked_at: datetime | None = None  # when the last look for minted credentials began
 
     def cached(self, *, secret: str | None, asked_at: float | None = None) -> Caller | None:
         """The caller for `secret` if it is cached, fresh (at `asked_at`, by default now) and
@@ -179,6 +202,30 @@ class CallerCache:
         finally:
             self._confirming.release()
 
+    def minted_cache(self) -> int:
+        """Cache the credentials in force minted since the last look began (the first look:
+        within CALLER_ACTIVE_SECONDS), less the overlap, that are not cached yet, as in use;
+        returns how many. Reads the database: call it in a database phase."""
+        looked_at, started = timezone.now(), time.monotonic()
+        since = self._minted_looked_at or looked_at - timedelta(seconds=CALLER_ACTIVE_SECONDS)
+        minted = credentials_minted(since=since - timedelta(seconds=MINTED_OVERLAP_SECONDS), most=MINTED_MOST)
+        self._minted_looked_at = looked_at
+        with self._lock:
+            # One cached already is confirmed with the others, not read again.
+            new = [cred_id for cred_id, key in minted if key not in self._entries]
+        added = 0
+        for i in range(0, len(new), CONFIRM_BATCH):  # SQLite bounds a statement's parameters
+            rows = ModelCredential.objects.select_related("org").filter(
+                id__in=new[i : i + CONFIRM_BATCH], revoked_at__isnull=True, expires_at__gt=timezone.now()
+            )
+            with self._lock:
+                for cred in rows:
+                    if cred.token_hash not in self._entries:
+                        entry = _Entry(caller=attempt_caller(cred), valid_as_of=started, used_at=started)
+                        self._entries[cred.token_hash] = entry
+                        added += 1
+        return added
+
     def _any_stale(self) -> bool:
         with self._lock:
             return any(not _fresh(e.valid_as_of) for e in self._entries.values())
@@ -219,6 +266,7 @@ class CallerCache:
         with self._lock:
             self._entries.clear()
             self._ahead_at = -math.inf
+            self._minted_looked_at = None
 
 
 @functools.cache
@@ -251,6 +299,18 @@ def credentials_live(*, ids: Sequence[str]) -> dict[str, Any]:
             )
         )
     return live
+
+
+def credentials_minted(*, since: datetime, most: int) -> list[tuple[str, str]]:
+    """(id, token hash) of the newest ``most`` credentials minted at ``since`` or later that
+    are neither revoked nor expired: a range of the primary key (new_id orders ids by the time
+    they were made), not a scan of every credential ever minted."""
+    floor = id_floor(cast(PrefixedIdField, ModelCredential._meta.pk).prefix, at=since.timestamp())
+    return list(
+        ModelCredential.objects.filter(id__gte=floor, revoked_at__isnull=True, expires_at__gt=timezone.now())
+        .order_by("-id")
+        .values_list("id", "token_hash")[:most]
+    )
 
 
 class RouteCache:
@@ -323,6 +383,17 @@ def lookups_confirm_ahead() -> None:
         routes.refresh_ahead()
     except Exception:  # noqa: BLE001 - the settle it follows has already been written
         logger.warning("proxy lookups: confirming ahead failed", exc_info=True)
+
+
+def lookups_keep_fresh() -> None:
+    """The proxy process's timer phase, every half interval (apps.proxy.exchange.lookups_tend):
+    cache the credentials minted lately, then confirm ahead as a settle does, so an idle
+    process's callers do not go stale either. A failure is logged, never raised."""
+    try:
+        callers.minted_cache()
+    except Exception:  # noqa: BLE001 - their first calls read them, as before
+        logger.warning("proxy lookups: caching the credentials minted lately failed", exc_info=True)
+    lookups_confirm_ahead()
 
 
 def lookups_clear() -> None:

@@ -648,3 +648,82 @@ def test_credentials_that_miss_while_a_load_runs_are_read_together_by_the_next(c
     assert [a.credential.trial_id for a in answers] == [f"trl_{n}" for n in range(5)]
     loads = next(iter(exchange._caller_loads.values()), None)
     assert loads is None or (not loads.running and not loads.gathering and not loads.waiting)
+
+
+@pytest.mark.django_db
+def test_credentials_minted_lately_are_cached_before_their_first_call(cached, monkeypatch):
+    """An attempt's first call finds its caller cached: the proxy's timer phase caches the
+    credentials in force minted since its last look, and confirms them ahead with the
+    callers in use until they are called, so a revocation still takes effect."""
+    from apps.accounts.services import token_hash
+    from apps.core.ids import id_floor
+
+    clock = Clock()
+    monkeypatch.setattr(lookups, "time", clock)
+    member = make_member("team", "alice")
+    make_route("qwen3-attempt")
+    fresh, revoked, expired, old = (issue(member.org, "qwen3-attempt", trial=f"trl_{n}") for n in range(4))
+    model_credential_revoke(cred=ModelCredential.objects.get(trial_id="trl_1"))
+    ModelCredential.objects.filter(trial_id="trl_2").update(expires_at=timezone.now() - timedelta(seconds=1))
+    # Minted before the first look's window (its id is of that time: ids are time-ordered).
+    before = timezone.now() - timedelta(seconds=lookups.CALLER_ACTIVE_SECONDS + lookups.MINTED_OVERLAP_SECONDS + 60)
+    ModelCredential.objects.filter(trial_id="trl_3").update(id=id_floor("mcr", at=before.timestamp()))
+
+    lookups.lookups_keep_fresh()
+    with CaptureQueriesContext(connection) as queries:
+        caller = lookups.caller_cached(secret=fresh)
+        assert caller is not None and caller.kind == "attempt" and caller.org == member.org
+        assert caller.credential is not None and caller.credential.trial_id == "trl_0"
+        assert [lookups.caller_cached(secret=s) for s in (revoked, expired, old)] == [None, None, None]
+    assert len(queries) == 0
+    # Those are read from the database on their first call, as before: refused, or served.
+    for secret, refusal in ((revoked, "revoked"), (expired, "expired")):
+        with pytest.raises(AuthenticationFailed, match=refusal):
+            lookups.caller_load(secret=secret)
+    assert lookups.caller_load(secret=old).credential.trial_id == "trl_3"
+
+    # The next look reads those minted since it began, less the overlap: one minted now is
+    # cached; one cached already is kept as it is.
+    entry = lookups.callers._entries[token_hash(fresh)]
+    later = issue(member.org, "qwen3-attempt", trial="trl_4")
+    assert lookups.callers.minted_cache() == 1
+    assert lookups.callers._entries[token_hash(fresh)] is entry
+    assert lookups.caller_cached(secret=later) is not None
+
+    # Not called yet, both are confirmed ahead as callers in use: a revocation takes effect,
+    # and the other stays fresh past the interval since it was read.
+    clock.now += CHECK_SECONDS * 0.6
+    model_credential_revoke(cred=ModelCredential.objects.get(trial_id="trl_4"))
+    lookups.lookups_keep_fresh()
+    assert lookups.caller_cached(secret=later) is None
+    clock.now += CHECK_SECONDS * 0.6
+    assert lookups.caller_cached(secret=fresh) is not None
+
+
+@pytest.mark.django_db(transaction=True)  # the timer's phases run on the suite's sync thread
+def test_a_proxy_process_caches_the_credentials_minted_while_it_runs(cached):
+    """The timer a proxy process starts with its server (`exchange.lookups_tend`) caches a
+    credential minted after it started, before any call names it."""
+    from asgiref.sync import sync_to_async
+
+    from apps.proxy import exchange
+
+    member = make_member("team", "alice")
+    make_route("qwen3-attempt")
+
+    async def scenario() -> str:
+        tending = asyncio.ensure_future(exchange.lookups_tend())
+        try:
+            await asyncio.sleep(0)
+            secret = await sync_to_async(issue)(member.org, "qwen3-attempt")
+            deadline = time.monotonic() + 60  # a bound on a hung timer, not a measure of it
+            while (caller := lookups.caller_cached(secret=secret)) is None:
+                assert not tending.done(), "the timer stopped"
+                assert time.monotonic() < deadline, "the timer did not cache the credential"
+                await asyncio.sleep(0.02)
+            assert caller.credential is not None
+            return caller.credential.trial_id
+        finally:
+            tending.cancel()
+
+    assert async_to_sync(scenario)() == "trl_test"
