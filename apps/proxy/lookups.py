@@ -388,11 +388,14 @@ def lookups_confirm_ahead() -> None:
 def lookups_keep_fresh() -> None:
     """The proxy process's timer phase, every half interval (apps.proxy.exchange.lookups_tend):
     cache the credentials minted lately, then confirm ahead as a settle does, so an idle
-    process's callers do not go stale either. A failure is logged, never raised."""
+    process's callers do not go stale either; and read the route table when it is not fresh
+    (a process's start), so that no call waits for it. A failure is logged, never raised."""
     try:
         callers.minted_cache()
-    except Exception:  # noqa: BLE001 - their first calls read them, as before
-        logger.warning("proxy lookups: caching the credentials minted lately failed", exc_info=True)
+        if routes.cached() is None:
+            routes.load()
+    except Exception:  # noqa: BLE001 - the calls read what they lack, as before
+        logger.warning("proxy lookups: reading ahead failed", exc_info=True)
     lookups_confirm_ahead()
 
 

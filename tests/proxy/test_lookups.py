@@ -653,8 +653,8 @@ def test_credentials_that_miss_while_a_load_runs_are_read_together_by_the_next(c
 @pytest.mark.django_db
 def test_credentials_minted_lately_are_cached_before_their_first_call(cached, monkeypatch):
     """An attempt's first call finds its caller cached: the proxy's timer phase caches the
-    credentials in force minted since its last look, and confirms them ahead with the
-    callers in use until they are called, so a revocation still takes effect."""
+    credentials in force minted since its last look (and the route table), and confirms them
+    ahead with the callers in use until they are called, so a revocation still takes effect."""
     from apps.accounts.services import token_hash
     from apps.core.ids import id_floor
 
@@ -675,6 +675,7 @@ def test_credentials_minted_lately_are_cached_before_their_first_call(cached, mo
         assert caller is not None and caller.kind == "attempt" and caller.org == member.org
         assert caller.credential is not None and caller.credential.trial_id == "trl_0"
         assert [lookups.caller_cached(secret=s) for s in (revoked, expired, old)] == [None, None, None]
+        assert lookups.routes_cached() is not None  # read by the same phase: a process's first call waits for neither
     assert len(queries) == 0
     # Those are read from the database on their first call, as before: refused, or served.
     for secret, refusal in ((revoked, "revoked"), (expired, "expired")):
