@@ -246,3 +246,106 @@ def test_the_proxy_handler_records_delivery_once_the_answer_is_sent(live_proxy, 
         time.sleep(0.02)
         interaction.refresh_from_db()
     assert interaction.delivery == Delivery.DELIVERED and interaction.stream is stream
+
+
+def _scope(path: str = "/v1/models") -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"proxy")],
+        "client": ("127.0.0.1", 40000),
+        "server": ("proxy", 80),
+    }
+
+
+@pytest.fixture
+def waiting_view(monkeypatch):
+    """The handler's view replaced by one that waits until cancelled; what it saw."""
+    from synth_project import proxy_asgi
+
+    seen: dict[str, Any] = {"started": asyncio.Event()}
+
+    async def view(self: Any, request: Any) -> Any:
+        seen["task"] = asyncio.current_task()
+        seen["started"].set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            seen["cancelled"] = True
+            raise
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(proxy_asgi.ProxyHandler, "run_get_response", view)
+    return seen
+
+
+def test_a_disconnect_cancels_the_view_which_runs_in_the_requests_own_task(waiting_view) -> None:
+    """The view runs in the task the server called the application in (no task of its own,
+    a turn of the loop later); a client that disconnects cancels it there, and the handler
+    ends the request quietly, as Django's does."""
+    from django.core import signals
+
+    finished: list[Any] = []
+
+    def on_finished(**kwargs: Any) -> None:
+        finished.append(kwargs["sender"])
+
+    async def main() -> tuple[Any, list[dict[str, Any]]]:
+        messages = [{"type": "http.request", "body": b"", "more_body": False}]
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop(0)
+            await waiting_view["started"].wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await application(_scope(), receive, send)
+        return asyncio.current_task(), sent
+
+    signals.request_finished.connect(on_finished)
+    try:
+        task, sent = asyncio.run(main())
+    finally:
+        signals.request_finished.disconnect(on_finished)
+    assert waiting_view["task"] is task and waiting_view["cancelled"] is True
+    assert sent == [] and len(finished) == 1
+
+
+def test_a_cancellation_that_is_not_a_disconnect_goes_on_to_the_server(waiting_view) -> None:
+    """The server cancelling the request's task (shutting down) is not taken for a client's
+    disconnect: the handler lets it through."""
+
+    async def main() -> bool:
+        messages = [{"type": "http.request", "body": b"", "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop(0)
+            await asyncio.Event().wait()  # the client stays
+            raise AssertionError("unreachable")
+
+        async def send(message: dict[str, Any]) -> None:
+            raise AssertionError(f"nothing is sent: {message}")
+
+        serving = asyncio.ensure_future(application(_scope(), receive, send))
+        await waiting_view["started"].wait()
+        serving.cancel()
+        try:
+            await serving
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    assert asyncio.run(main()) is True
+    assert waiting_view["cancelled"] is True
