@@ -182,10 +182,11 @@ async def routes_current() -> Sequence[ModelRoute]:
 
 
 async def lookups_tend() -> None:
-    """Run forever in a proxy process (started with its server, apps.proxy_asgi): every half
-    check interval, a database phase that caches the credentials minted lately and confirms
-    the callers in use ahead (lookups.lookups_keep_fresh), so the attempts' first calls and a
-    quiet process's callers are found fresh. Nothing to do when the lookups are not cached."""
+    """Run forever in a proxy process (started with its server, synth_project.proxy_asgi):
+    every half check interval, a database phase that caches the credentials minted lately,
+    reads the route table if it is not fresh and confirms the callers in use ahead
+    (lookups.lookups_keep_fresh), so the attempts' first calls and a quiet process's callers
+    find what they need fresh. Nothing to do when the lookups are not cached."""
     half = settings.SYNTH_PROXY_LOOKUP_CHECK_SECONDS / 2
     if half <= 0:
         return
