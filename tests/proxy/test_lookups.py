@@ -660,6 +660,7 @@ def test_credentials_minted_lately_are_cached_before_their_first_call(cached, mo
 
     clock = Clock()
     monkeypatch.setattr(lookups, "time", clock)
+    monkeypatch.setattr(lookups, "MINTED_PAGE", 2)  # a look reads page after page
     member = make_member("team", "alice")
     make_route("qwen3-attempt")
     fresh, revoked, expired, old = (issue(member.org, "qwen3-attempt", trial=f"trl_{n}") for n in range(4))
@@ -699,6 +700,19 @@ def test_credentials_minted_lately_are_cached_before_their_first_call(cached, mo
     assert lookups.caller_cached(secret=later) is None
     clock.now += CHECK_SECONDS * 0.6
     assert lookups.caller_cached(secret=fresh) is not None
+
+    # One never called counts as in use for MINTED_ACTIVE_SECONDS only (every process caches
+    # every credential minted, and one serves it): then it is dropped; one served is still
+    # confirmed.
+    unserved = issue(member.org, "qwen3-attempt", trial="trl_5")
+    lookups.lookups_keep_fresh()
+    assert token_hash(unserved) in lookups.callers._entries
+    clock.now += lookups.MINTED_ACTIVE_SECONDS + 1
+    lookups.lookups_keep_fresh()
+    assert lookups.caller_cached(secret=fresh) is not None
+    assert lookups.caller_cached(secret=unserved) is None
+    assert token_hash(unserved) not in lookups.callers._entries  # dropped, not kept stale
+    assert lookups.caller_load(secret=unserved).credential.trial_id == "trl_5"  # read on its first call
 
 
 @pytest.mark.django_db(transaction=True)  # the timer's phases run on the suite's sync thread
