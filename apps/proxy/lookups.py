@@ -33,10 +33,10 @@ as their attempts start, seconds before the harness in the sandbox makes its fir
 proxy process looks for those minted since its last look every half interval, on a timer of
 its own (`lookups_keep_fresh`: a read newest first along the primary key, whose ids are
 time-ordered), and caches those in force as in use for MINTED_ACTIVE_SECONDS, so they are
-confirmed ahead with the others until their first call and, once served, after it. Without it every attempt's first call was a miss: a
-database phase before its first byte, and when a fleet's sessions opened together, one batch
-of loads after another (the opening calls' wait to authenticate was p50 142-153 ms at 200
-sessions). A credential minted before a process's first look (within MINTED_ACTIVE_SECONDS)
+confirmed ahead with the others until their first call and, once served, after it. Without
+it every attempt's first call was a miss: a database phase before its first byte, and when a
+fleet's sessions opened together, one batch of loads after another (the opening calls' wait
+to authenticate was p50 142-153 ms at 200 sessions). A credential minted before a process's first look (within MINTED_ACTIVE_SECONDS)
 is looked for too; one missed (committed later than the overlap allows, or past the bound of
 one look) is read on its first call, as before. Revocation is unchanged: a cached entry is
 served only while its last read or confirmation is within the interval.
