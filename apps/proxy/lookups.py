@@ -97,7 +97,7 @@ MINTED_PAGE = 64  # credentials read per query of a look, newest first
 # CALLER_ACTIVE_SECONDS, and is dropped then unless it has been served: every process
 # caches every credential minted, and only the one its attempt's calls reach serves it, so
 # each process confirms four times a second what the whole fleet minted in this window
-# (1,400 ids: 10 ms of the process and 5 of PostgreSQL per confirmation). Its attempt's
+# (1,400 ids: 10 ms of the process's CPU, 15 ms in all, per confirmation). Its attempt's
 # first call comes seconds after the mint (the sandbox and the harness start); one that
 # comes later reads its caller then, as before.
 MINTED_ACTIVE_SECONDS = 10.0
