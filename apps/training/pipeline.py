@@ -23,6 +23,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import numpy
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -70,12 +71,12 @@ def _prepare(*, group: SamplingGroup, plan: dict[str, Any]) -> GroupData:
 
 def contribution_record(*, update: LearningUpdate, group: SamplingGroup, plan: dict[str, Any]) -> Recorded:
     """Record what a settled group gives ``update`` (once: a second call returns the first's).
+    Callers pass a group they found without a contribution, so none is looked for first:
+    this runs on the trainer's path once per group, and a group recorded meanwhile by
+    another process is found by its insert failing.
 
     Staleness is judged before anything is read: a group sampled more than ``max_staleness``
     steps behind the weights being trained is excluded whatever its rewards."""
-    existing = GroupContribution.objects.filter(group=group).first()
-    if existing is not None:
-        return Recorded(contribution=existing)
     staleness = max(0, update.step - group.sampler_step)
     limit = int(plan.get("max_staleness", 0))
     values: dict[str, Any] = {"update": update, "sampler_step": group.sampler_step, "staleness": staleness}
@@ -110,7 +111,7 @@ def contributions_record(*, update: LearningUpdate, plan: dict[str, Any]) -> lis
     groups as its plan's batch_size."""
     groups = list(
         SamplingGroup.objects.filter(run_id=update.run_id, step=update.step, status=GroupStatus.SETTLED)
-        .select_related("run")
+        .select_related("run__spec")
         .order_by("position")
     )
     recorded = {c.group_id: c for c in GroupContribution.objects.filter(group_id__in=[g.id for g in groups])}
@@ -126,12 +127,14 @@ def kl_terms(*, datums: list[Any], outputs: list[dict[str, Any]]) -> tuple[float
     """(sum of sampler logprob - trainer logprob, tokens) over trained tokens: ~0 when the
     proxy sampled exactly the weights the trainer holds (on-policy)."""
     total, count = 0.0, 0
+    # As arrays, not a loop over every token: this runs once per group on the trainer's
+    # path, and with a local backend its interpreter is the one driving the model.
     for datum, output in zip(datums, outputs, strict=True):
-        trainer_lp = output["logprobs"].tolist()
-        for i, advantage in enumerate(datum.advantages):
-            if advantage != 0.0:
-                total += datum.logprobs[i] - trainer_lp[i]
-                count += 1
+        trained = numpy.asarray(datum.advantages, dtype=numpy.float64) != 0.0
+        sampler = numpy.asarray(datum.logprobs, dtype=numpy.float64)[trained]
+        trainer = output["logprobs"].to_numpy().astype(numpy.float64)[trained]
+        total += float((sampler - trainer).sum())
+        count += int(trained.sum())
     return total, count
 
 
@@ -153,7 +156,9 @@ def submission_start(*, live: LiveClient, recorded: Recorded, plan: dict[str, An
         return None
     data = recorded.data
     if data is None:  # prepared by another process: the same evidence gives the same datums
-        data = _prepare(group=SamplingGroup.objects.select_related("run").get(pk=contribution.group_id), plan=plan)
+        data = _prepare(
+            group=SamplingGroup.objects.select_related("run__spec").get(pk=contribution.group_id), plan=plan
+        )
     if not data.datums:
         raise RuntimeError(f"group {contribution.group_id} no longer gives the datums it was recorded with")
     future = live.client.forward_backward(datums_to_tinker(data.datums), plan.get("loss", "importance_sampling"))
@@ -201,13 +206,23 @@ def contributions_feed(*, trainer: Trainer, update: LearningUpdate, plan: dict[s
     and, with ``submit``, queue the forward/backward of each included contribution the run's
     live client lacks as soon as it is recorded. The client runs its calls in order on its
     own thread, so the next group's evidence is read and its datums built while the one
-    before trains; when no settled group is left to record this waits for the oldest call,
-    and while that call is the client's last it looks again now and then for a group that
-    settled meanwhile. Submits only to a client holding the weights of the step."""
+    before trains; when no settled group is left to record this waits for the oldest call.
+    It looks for groups that settled meanwhile only while the client has at most one call
+    queued (then now and then while that last call runs), so that the client never idles
+    while a group's datums are built after its call. Submits only to a client holding the
+    weights of the step."""
     settled = SamplingGroup.objects.filter(run_id=update.run_id, step=update.step, status=GroupStatus.SETTLED)
+    # The settled groups without a contribution, read together and taken in turn. Every
+    # query is CPU of this process, which with a local backend is the one driving the model
+    # being trained: a batch's groups are read as often for a large batch as for a small one.
+    unrecorded: list[SamplingGroup] = []
 
-    def next_unrecorded() -> SamplingGroup | None:
-        return settled.filter(contribution__isnull=True).select_related("run").order_by("position").first()
+    def next_unrecorded(*, look: bool) -> SamplingGroup | None:
+        if not unrecorded and look:
+            unrecorded.extend(
+                settled.filter(contribution__isnull=True).select_related("run__spec").order_by("-position")
+            )
+        return unrecorded.pop() if unrecorded else None
 
     if not submit:
         contributions_record(update=update, plan=plan)
@@ -230,7 +245,7 @@ def contributions_feed(*, trainer: Trainer, update: LearningUpdate, plan: dict[s
                         submit = False  # its update submits them instead
                     if submit and (submission := submission_start(live=live, recorded=recorded, plan=plan)):
                         queued.append(submission)
-                group = next_unrecorded()
+                group = next_unrecorded(look=len(queued) <= 1)
                 if group is not None:
                     recorded = contribution_record(update=update, group=group, plan=plan)
                     pending = [recorded] if recorded.contribution.status in INCLUDED else []

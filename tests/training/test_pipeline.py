@@ -10,6 +10,8 @@ learner feeds each settled group's forward/backward before the optimizer step.
 * gradients fed group by group, in any order and delivered twice, give the lockstep update;
 * a group that settles while a forward/backward runs is fed by the same call, behind it,
   its datums built while that call still runs;
+* feeding a batch reads its settled groups and their contributions as often for five
+  groups as for two;
 * the start task's warmed training client is the one the first group trains on;
 * a training worker killed mid-batch: the sweeper moves the step on, and its
   forward/backward is done again, once.
@@ -208,6 +210,29 @@ def test_the_update_reads_the_contributions_recorded_as_groups_settled_in_one_qu
     assert len(queries) == 2
     assert [r.contribution.pk for r in again] == [r.contribution.pk for r in first]
     assert all(r.data is None for r in again)  # recorded before: datums built again only if submitted
+
+
+@pytest.mark.django_db
+def test_feeding_a_batch_reads_its_groups_and_their_contributions_once_not_once_per_group(attempts):
+    reads: dict[int, dict[str, int]] = {}
+    for size in (2, 5):
+        run = make_train_run(
+            org=org_get_or_create(slug=f"feed-reads-{size}"), tasks=size, **{**PLAN, "batch_size": size}
+        )
+        training_start(run_id=run.id)
+        _attempt_all(attempts, run, 0, feed=False)
+        with CaptureQueriesContext(connection) as queries:
+            step_feed(run_id=run.id, step=0)
+        fed = GroupContribution.objects.filter(update__run=run, status=ContributionStatus.SUBMITTED)
+        assert fed.count() == size
+        selects = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT")]
+        reads[size] = {
+            table: sum(f'FROM "{table}"' in sql for sql in selects)
+            for table in ("runs_samplinggroup", "training_groupcontribution", "runs_runspec")
+        }
+    # Each group's own evidence is read once per group; the batch's groups, the
+    # contributions already recorded and the plan are read as often for 5 groups as for 2.
+    assert reads[5] == reads[2], reads
 
 
 @pytest.mark.django_db(transaction=True)
