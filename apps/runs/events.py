@@ -19,6 +19,7 @@ trip made under that lock holds up every other writer of the run.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -36,6 +37,19 @@ from apps.runs.models import Run, RunEvent
 def _tables() -> tuple[str, str]:
     quote = connection.ops.quote_name
     return quote(Run._meta.db_table), quote(RunEvent._meta.db_table)
+
+
+@functools.cache
+def _append_statement() -> str:
+    """One event's append on PostgreSQL (made once: the same text every time, which is what
+    its connection's prepared statement is found by)."""
+    runs, events = _tables()
+    return (
+        f"WITH s AS (UPDATE {runs} SET last_event_seq = last_event_seq + 1 WHERE id = %s "
+        "RETURNING last_event_seq) "
+        f"INSERT INTO {events} (run_id, seq, type, data, created_at) "
+        "SELECT %s, s.last_event_seq, %s, %s::jsonb, %s FROM s RETURNING id, seq"
+    )
 
 
 def _one_statement() -> bool:
@@ -138,10 +152,11 @@ def event_append_alone(*, run_id: str, type: str, data: dict[str, Any] | None = 
     as it runs: one round trip, where a transaction around it adds a BEGIN and a COMMIT, each
     a round trip of its own, and costs a third of the append's rate. Called inside a
     transaction it would not be on its own: an error says so (use event_append there)."""
-    if transaction.get_connection().in_atomic_block:
+    db = transaction.get_connection()
+    if db.in_atomic_block:
         raise RuntimeError("event_append_alone must be called outside a transaction (use event_append inside one)")
     data = data or {}
-    if _one_statement():
+    if db.vendor == "postgresql":
         return _event_insert(run_id=run_id, type=type, data=data)
     with transaction.atomic():  # SQLite's bump and insert are two statements
         return _event_insert(run_id=run_id, type=type, data=data)
@@ -151,16 +166,9 @@ def _event_insert(*, run_id: str, type: str, data: dict[str, Any]) -> RunEvent:
     if not _one_statement():
         seq = _seq_reserve(run_id=run_id, count=1)
         return RunEvent.objects.create(run_id=run_id, seq=seq, type=type, data=data)
-    runs, events = _tables()
     now = timezone.now()
     with bound_cursor(prepared=True) as cursor:
-        cursor.execute(
-            f"WITH s AS (UPDATE {runs} SET last_event_seq = last_event_seq + 1 WHERE id = %s "
-            "RETURNING last_event_seq) "
-            f"INSERT INTO {events} (run_id, seq, type, data, created_at) "
-            "SELECT %s, s.last_event_seq, %s, %s::jsonb, %s FROM s RETURNING id, seq",
-            [run_id, run_id, type, json.dumps(data), now],
-        )
+        cursor.execute(_append_statement(), [run_id, run_id, type, json.dumps(data), now])
         row = cursor.fetchone()
     if row is None:
         raise NotFound(f"run {run_id} not found")
