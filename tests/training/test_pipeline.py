@@ -36,7 +36,7 @@ from apps.core.process import process_identity
 from apps.proxy.models import Interaction
 from apps.runs.models import RunEvent, SamplingGroup, Trial
 from apps.runs.sweeper import sweep_tick
-from apps.training import clients
+from apps.training import clients, pipeline
 from apps.training.models import (
     Checkpoint,
     ContributionStatus,
@@ -213,7 +213,10 @@ def test_the_update_reads_the_contributions_recorded_as_groups_settled_in_one_qu
 
 
 @pytest.mark.django_db
-def test_feeding_a_batch_reads_its_groups_and_their_contributions_once_not_once_per_group(attempts):
+def test_feeding_a_batch_reads_its_groups_and_their_contributions_once_not_once_per_group(attempts, monkeypatch):
+    # While the client runs its last call the feeder looks again after a while: here only
+    # once that call is done, so the count does not depend on how long the calls take.
+    monkeypatch.setattr(pipeline, "FEED_LOOK_FIRST_SECONDS", 600.0)
     reads: dict[int, dict[str, int]] = {}
     for size in (2, 5):
         run = make_train_run(
