@@ -132,7 +132,7 @@ def kl_terms(*, datums: list[Any], outputs: list[dict[str, Any]]) -> tuple[float
     for datum, output in zip(datums, outputs, strict=True):
         trained = numpy.asarray(datum.advantages, dtype=numpy.float64) != 0.0
         sampler = numpy.asarray(datum.logprobs, dtype=numpy.float64)[trained]
-        trainer = output["logprobs"].to_numpy().astype(numpy.float64)[trained]
+        trainer = output["logprobs"].to_numpy().astype(numpy.float64)[: len(trained)][trained]
         total += float((sampler - trainer).sum())
         count += int(trained.sum())
     return total, count

@@ -10,6 +10,7 @@ learner feeds each settled group's forward/backward before the optimizer step.
 * gradients fed group by group, in any order and delivered twice, give the lockstep update;
 * a group that settles while a forward/backward runs is fed by the same call, behind it,
   its datums built while that call still runs;
+* kl over trained tokens only (a trainer array longer than the datum tolerated);
 * feeding a batch reads its settled groups and their contributions as often for five
   groups as for two;
 * the start task's warmed training client is the one the first group trains on;
@@ -30,6 +31,7 @@ import pytest
 import torch
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from tinker.types import TensorData
 
 from apps.accounts.services import org_get_or_create
 from apps.core.process import process_identity
@@ -37,6 +39,7 @@ from apps.proxy.models import Interaction
 from apps.runs.models import RunEvent, SamplingGroup, Trial
 from apps.runs.sweeper import sweep_tick
 from apps.training import clients, pipeline
+from apps.training.datums import PackedDatum
 from apps.training.models import (
     Checkpoint,
     ContributionStatus,
@@ -210,6 +213,28 @@ def test_the_update_reads_the_contributions_recorded_as_groups_settled_in_one_qu
     assert len(queries) == 2
     assert [r.contribution.pk for r in again] == [r.contribution.pk for r in first]
     assert all(r.data is None for r in again)  # recorded before: datums built again only if submitted
+
+
+def test_kl_terms_sum_the_sampler_minus_trainer_logprobs_over_trained_tokens_only():
+    datums = [
+        PackedDatum(
+            trial_id="t",
+            input_ids=[1, 2, 3, 4],
+            target_ids=[2, 3, 4, 5],
+            logprobs=[0.0, -0.5, -1.25, -2.0],
+            advantages=[0.0, 0.5, -0.5, 0.0],
+            mask=[0.0, 1.0, 1.0, 1.0],
+        ),
+        PackedDatum(trial_id="u", input_ids=[1], target_ids=[2], logprobs=[-3.0], advantages=[0.25], mask=[1.0]),
+    ]
+    outputs = [
+        # A trainer's array may be longer than the datum: only the datum's positions count.
+        {"logprobs": TensorData(data=[-9.0, -0.75, -1.0, -9.0, -9.0], dtype="float32", shape=[5])},
+        {"logprobs": TensorData(data=[-2.5], dtype="float32", shape=[1])},
+    ]
+    total, count = pipeline.kl_terms(datums=datums, outputs=outputs)
+    assert count == 3
+    assert total == pytest.approx((-0.5 + 0.75) + (-1.25 + 1.0) + (-3.0 + 2.5))
 
 
 @pytest.mark.django_db
