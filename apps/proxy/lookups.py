@@ -28,18 +28,19 @@ is unchanged: an entry is still served only while its last confirmation is withi
 interval, judged at the moment the call asked (a confirmation that began after the call
 arrived is valid for it, however long the query and the thread hop behind it took).
 
-An attempt's first call need not read its caller either. Attempt credentials are minted
-as their attempts start, seconds before the harness in the sandbox makes its first call; a
-proxy process looks for those minted since its last look every half interval, on a timer of
-its own (`lookups_keep_fresh`: a read newest first along the primary key, whose ids are
+An attempt's first call need not read its caller either. Attempt credentials are minted as
+their attempts start, seconds before the harness in the sandbox makes its first call; a
+proxy process looks for those minted since its last look every half interval, on a timer
+of its own (`lookups_keep_fresh`: a read newest first along the primary key, whose ids are
 time-ordered), and caches those in force as in use for MINTED_ACTIVE_SECONDS, so they are
 confirmed ahead with the others until their first call and, once served, after it. Without
-it every attempt's first call was a miss: a database phase before its first byte, and when a
-fleet's sessions opened together, one batch of loads after another (the opening calls' wait
-to authenticate was p50 142-153 ms at 200 sessions). A credential minted before a process's first look (within MINTED_ACTIVE_SECONDS)
-is looked for too; one missed (committed later than the overlap allows, or past the bound of
-one look) is read on its first call, as before. Revocation is unchanged: a cached entry is
-served only while its last read or confirmation is within the interval.
+it every attempt's first call was a miss: a database phase before its first byte, and when
+a fleet's sessions opened together, one batch of loads after another (the opening calls'
+wait to authenticate was p50 142-153 ms at 200 sessions). A credential minted before a
+process's first look (within MINTED_ACTIVE_SECONDS) is looked for too; one missed
+(committed later than the overlap allows, or past the bound of one look) is read on its
+first call, as before. Revocation is unchanged: a cached entry is served only while its
+last read or confirmation is within the interval.
 
 Failures are not cached: an unknown or revoked secret reads the database every time, which
 is also where its exact refusal comes from (apps.proxy.credentials).
