@@ -14,7 +14,9 @@ class Queue(StrEnum):
     CONTROL = "control"  # admission, scheduling, transitions, the lease reaper: short, DB-bound
     TRIALS = "trials"  # one sandboxed attempt per task: long, CPU/memory-bound
     TRAINING = "training"  # forward/backward, optimizer step, checkpoint save: ordered per trainer
-    EVIDENCE = "evidence"  # publication of captured interactions and artifacts: IO-bound
+    # publication of captured interactions and artifacts, and a settled group's training data
+    # read from them: IO-bound
+    EVIDENCE = "evidence"
 
 
 # Task name prefix -> queue. Task names are explicit (`<app>.<verb>`), never module paths.
@@ -22,6 +24,9 @@ TASK_ROUTES = {
     "runs.*": {"queue": Queue.CONTROL.value},
     "datasets.*": {"queue": Queue.CONTROL.value},
     "trials.*": {"queue": Queue.TRIALS.value},
+    # Reads a group's evidence and stores its datums: kept off the training worker (exact
+    # names are matched before patterns).
+    "training.contribution_prepare": {"queue": Queue.EVIDENCE.value},
     "training.*": {"queue": Queue.TRAINING.value},
     "evidence.*": {"queue": Queue.EVIDENCE.value},
 }

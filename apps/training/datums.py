@@ -25,6 +25,8 @@ from collections.abc import Iterable
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
+import orjson
+
 
 @dataclass(frozen=True)
 class Call:
@@ -237,6 +239,34 @@ def group_prepare(*, group_id: str, attempts: list[Attempt], min_valid: int, req
     if not data.datums:
         data.skipped = "no attempt with a non-zero advantage made a model call"
     return data
+
+
+# Packed datums as stored for the trainer: a JSON list of the datums' fields. JSON because
+# orjson writes and reads it in well under a millisecond per thousand tokens and its floats
+# round-trip exactly, so the trainer gets the very logprobs and advantages it would have
+# built from the evidence.
+DATUMS_CONTENT_TYPE = "application/json"
+
+
+def datums_pack(datums: list[PackedDatum]) -> bytes:
+    """The datums as bytes, for the object store (``datums_unpack`` reads them back equal)."""
+    return orjson.dumps(
+        [
+            {
+                "trial_id": d.trial_id,
+                "input_ids": d.input_ids,
+                "target_ids": d.target_ids,
+                "logprobs": d.logprobs,
+                "advantages": d.advantages,
+                "mask": d.mask,
+            }
+            for d in datums
+        ]
+    )
+
+
+def datums_unpack(data: bytes) -> list[PackedDatum]:
+    return [PackedDatum(**fields) for fields in orjson.loads(data)]
 
 
 def datums_to_tinker(datums: list[PackedDatum]) -> list[Any]:

@@ -162,6 +162,17 @@ class GroupContribution(models.Model):
     summary = models.JSONField(default=dict, blank=True, help_text="qualified, rewards, problems")
     datums = models.PositiveIntegerField(default=0)
     sampled_tokens = models.PositiveIntegerField(default=0)
+    # Recorded where the group settled (apps.training.pipeline.group_prepare), its datums are
+    # stored packed so that the training process reads one object instead of the group's
+    # evidence; recorded by the training process itself, they are not (it holds them).
+    datums_object = models.ForeignKey(
+        "objects.StoredObject",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="the packed datums, when stored",
+    )
     holder = models.CharField(max_length=200, blank=True, help_text="the process that last ran its forward/backward")
     metrics = models.JSONField(default=dict, blank=True, help_text="loss, kl_sum, kl_tokens of its forward/backward")
     created_at = models.DateTimeField(auto_now_add=True)

@@ -1,10 +1,11 @@
 """The grouped pipeline: each group of a batch gives its update what it can as soon as it
 settles, while slower groups of the same batch still sample.
 
-``step_feed`` runs (training queue) whenever a group of a train run settles: it records the
-contribution of every settled group of the step that has none yet (its evidence published
-and qualified, the plan's eligibility, group-centred advantages, its datums; or why it is
-excluded, staleness included) and, when the step is the one being gathered, submits their
+Whenever a group of a train run settles, ``contribution_prepare`` (evidence queue) records
+its contribution: its evidence published and qualified, the plan's eligibility,
+group-centred advantages, its datums, stored packed; or why it is excluded, staleness
+included. ``step_feed`` (training queue) records the contribution of any settled group of
+the step still without one and, when the step is the one being gathered, submits their
 forward/backward to the run's training client, where gradients accumulate until the
 optimizer step. Then it moves the trainer to ``updating`` once every group has settled, and
 the update (apps.training.updates) submits whatever its own client has not accumulated,
@@ -28,9 +29,17 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from apps.core.process import process_identity
+from apps.objects.services import object_put, object_read
 from apps.runs.models import GroupStatus, SamplingGroup
 from apps.training.clients import LiveClient, client_forget, client_lock, live_client
-from apps.training.datums import GroupData, datums_to_tinker, group_prepare
+from apps.training.datums import (
+    DATUMS_CONTENT_TYPE,
+    GroupData,
+    datums_pack,
+    datums_to_tinker,
+    datums_unpack,
+    group_prepare,
+)
 from apps.training.evidence import group_attempts, group_summary
 from apps.training.models import (
     ContributionStatus,
@@ -49,6 +58,9 @@ INCLUDED = (ContributionStatus.READY, ContributionStatus.SUBMITTED)
 # of a second) gets a few looks, a remote one (seconds) a few more, never one per tick.
 FEED_LOOK_FIRST_SECONDS = 0.01
 FEED_LOOK_MOST_SECONDS = 0.5
+# A group found without a contribution at this many of those looks is recorded by the feeder
+# itself while the call runs: the process where it settled has not (a backlog, or none).
+FEED_UNPREPARED_LOOKS = 3
 
 
 @dataclass
@@ -69,11 +81,14 @@ def _prepare(*, group: SamplingGroup, plan: dict[str, Any]) -> GroupData:
     )
 
 
-def contribution_record(*, update: LearningUpdate, group: SamplingGroup, plan: dict[str, Any]) -> Recorded:
+def contribution_record(
+    *, update: LearningUpdate, group: SamplingGroup, plan: dict[str, Any], store: bool = False
+) -> Recorded:
     """Record what a settled group gives ``update`` (once: a second call returns the first's).
     Callers pass a group they found without a contribution, so none is looked for first:
     this runs on the trainer's path once per group, and a group recorded meanwhile by
-    another process is found by its insert failing.
+    another process is found by its insert failing. With ``store`` (a process other than
+    the trainer's) the datums are stored packed for the trainer to read.
 
     Staleness is judged before anything is read: a group sampled more than ``max_staleness``
     steps behind the weights being trained is excluded whatever its rewards."""
@@ -95,6 +110,12 @@ def contribution_record(*, update: LearningUpdate, group: SamplingGroup, plan: d
             datums=len(data.datums),
             sampled_tokens=sum(d.sampled_tokens for d in data.datums),
         )
+        if store and data.datums:
+            # Content-addressed and create-only: a contribution recorded meanwhile by another
+            # process leaves at most an unreferenced copy of the same bytes.
+            values["datums_object"] = object_put(
+                org=group.run.org, data=datums_pack(data.datums), content_type=DATUMS_CONTENT_TYPE
+            )
     try:
         with transaction.atomic():
             contribution = GroupContribution.objects.create(group=group, **values)
@@ -114,7 +135,10 @@ def contributions_record(*, update: LearningUpdate, plan: dict[str, Any]) -> lis
         .select_related("run__spec")
         .order_by("position")
     )
-    recorded = {c.group_id: c for c in GroupContribution.objects.filter(group_id__in=[g.id for g in groups])}
+    recorded = {
+        c.group_id: c
+        for c in GroupContribution.objects.filter(group_id__in=[g.id for g in groups]).select_related("datums_object")
+    }
     return [
         Recorded(contribution=recorded[group.id])
         if group.id in recorded
@@ -155,6 +179,9 @@ def submission_start(*, live: LiveClient, recorded: Recorded, plan: dict[str, An
     if contribution.key in live.keys:
         return None
     data = recorded.data
+    if data is None and (stored := contribution.datums_object) is not None:
+        # Prepared where the group settled: one object read, not the group's evidence.
+        data = GroupData(group_id=contribution.group_id, attempts=0, datums=datums_unpack(object_read(obj=stored)))
     if data is None:  # prepared by another process: the same evidence gives the same datums
         data = _prepare(
             group=SamplingGroup.objects.select_related("run__spec").get(pk=contribution.group_id), plan=plan
@@ -202,41 +229,60 @@ def contribution_submit(*, live: LiveClient, recorded: Recorded, plan: dict[str,
 
 
 def contributions_feed(*, trainer: Trainer, update: LearningUpdate, plan: dict[str, Any], submit: bool) -> None:
-    """Record the contribution of every settled group of the update's step that has none,
-    and, with ``submit``, queue the forward/backward of each included contribution the run's
-    live client lacks as soon as it is recorded. The client runs its calls in order on its
-    own thread, so the next group's evidence is read and its datums built while the one
-    before trains; when no settled group is left to record this waits for the oldest call.
-    It looks for groups that settled meanwhile only while the client has at most one call
-    queued (then now and then while that last call runs), so that the client never idles
-    while a group's datums are built after its call. Submits only to a client holding the
-    weights of the step."""
-    settled = SamplingGroup.objects.filter(run_id=update.run_id, step=update.step, status=GroupStatus.SETTLED)
-    # The settled groups without a contribution, read together and taken in turn. Every
-    # query is CPU of this process, which with a local backend is the one driving the model
-    # being trained: a batch's groups are read as often for a large batch as for a small one.
-    unrecorded: list[SamplingGroup] = []
+    """Queue, with ``submit``, the forward/backward of every included contribution of the
+    update's settled groups that the run's live client lacks, and record the contribution of
+    those that have none. Submits only to a client holding the weights of the step.
 
-    def next_unrecorded(*, look: bool) -> SamplingGroup | None:
-        if not unrecorded and look:
-            unrecorded.extend(
-                settled.filter(contribution__isnull=True).select_related("run__spec").order_by("-position")
-            )
-        return unrecorded.pop() if unrecorded else None
-
+    Contributions are normally recorded where their groups settled (``contribution_prepare``),
+    their datums stored packed: this process, which with a local backend is the one driving
+    the model, then reads one object per group instead of the group's evidence, and its
+    interpreter and CPU stay with the model. It records a group itself when its client has
+    nothing queued (the client would idle otherwise), or when the group is still without a
+    contribution after FEED_UNPREPARED_LOOKS looks, so nothing waits long on a preparer that
+    is slow or gone. The client runs its calls in order on its own thread; while it runs its
+    last queued call, this looks now and then for groups recorded meanwhile and queues them
+    behind it, so the client does not idle between groups."""
     if not submit:
         contributions_record(update=update, plan=plan)
         return
+    settled = SamplingGroup.objects.filter(run_id=update.run_id, step=update.step, status=GroupStatus.SETTLED)
+    taken: set[str] = set()  # groups whose contribution this feed has queued, found accumulated or excluded
+    unrecorded: list[SamplingGroup] = []  # as of the last look, in position order
+    misses: dict[str, int] = {}  # looks at which a group was found without a contribution
+
+    def look() -> list[Recorded]:
+        """The included contributions of the settled groups not taken yet, and (kept in
+        ``unrecorded``) the groups without one: one query for both, however many groups."""
+        unrecorded.clear()
+        found: list[Recorded] = []
+        for group in (
+            settled.exclude(pk__in=taken)
+            .select_related("run__spec", "contribution__datums_object")
+            .order_by("position")
+        ):
+            try:
+                contribution = group.contribution
+            except GroupContribution.DoesNotExist:
+                unrecorded.append(group)
+                misses[group.id] = misses.get(group.id, 0) + 1
+                continue
+            taken.add(group.id)
+            if contribution.status in INCLUDED:
+                found.append(Recorded(contribution=contribution))
+        return found
+
+    def record(group: SamplingGroup) -> list[Recorded]:
+        unrecorded.remove(group)
+        recorded = contribution_record(update=update, group=group, plan=plan)
+        taken.add(group.id)
+        return [recorded] if recorded.contribution.status in INCLUDED else []
+
     holder = process_identity()
     with client_lock(trainer.run_id):
         live: LiveClient | None = None
         queued: list[Submission] = []
-        look = FEED_LOOK_FIRST_SECONDS
-        # Those recorded before (a call that could not submit, another process' client) first.
-        pending = [
-            Recorded(contribution=c)
-            for c in GroupContribution.objects.filter(update=update, status__in=INCLUDED).order_by("group__position")
-        ]
+        wait = FEED_LOOK_FIRST_SECONDS
+        pending = look()
         try:
             while True:
                 for recorded in pending:
@@ -245,27 +291,70 @@ def contributions_feed(*, trainer: Trainer, update: LearningUpdate, plan: dict[s
                         submit = False  # its update submits them instead
                     if submit and (submission := submission_start(live=live, recorded=recorded, plan=plan)):
                         queued.append(submission)
-                group = next_unrecorded(look=len(queued) <= 1)
-                if group is not None:
-                    recorded = contribution_record(update=update, group=group, plan=plan)
-                    pending = [recorded] if recorded.contribution.status in INCLUDED else []
-                elif queued:
+                pending = []
+                if queued:
                     assert live is not None  # queued on it
-                    pending = []
-                    if len(queued) == 1 and not _done_within(future=queued[0].future, seconds=look):
-                        # The client runs its last queued call: a group that settles meanwhile
-                        # is recorded and queued behind it, so the client does not idle while
-                        # that group's evidence is read and its datums built after the call.
-                        look = min(look * 2, FEED_LOOK_MOST_SECONDS)
+                    if len(queued) == 1 and not _done_within(future=queued[0].future, seconds=wait):
+                        # The client runs its last queued call: queue behind it what was
+                        # recorded meanwhile, looking less often the longer the call runs.
+                        wait = min(wait * 2, FEED_LOOK_MOST_SECONDS)
+                        pending = look()
+                        late = [g for g in unrecorded if misses[g.id] >= FEED_UNPREPARED_LOOKS]
+                        if late and not pending:
+                            pending = record(late[0])
                         continue
-                    look = FEED_LOOK_FIRST_SECONDS
+                    wait = FEED_LOOK_FIRST_SECONDS
                     submission_finish(live=live, submission=queued.pop(0), holder=holder)
-                else:
+                    if not queued:  # what settled or was recorded during that call
+                        pending = look()
+                elif unrecorded:
+                    # Nothing queued: recording the group here costs the client nothing.
+                    pending = record(unrecorded[0])
+                elif not (pending := look()) and not unrecorded:
                     break
         except Exception:
             # Some of a failed call's gradients may have accumulated: the client is unknown now.
             client_forget(trainer.run_id)
             raise
+
+
+def _update_gathering(*, run_id: str, step: int) -> LearningUpdate | None:
+    """The step's learning update (made if missing, sampling the weights its first group
+    sampled) while it still gathers its groups; None once it has moved on."""
+    sampler = (
+        SamplingGroup.objects.filter(run_id=run_id, step=step).order_by("position").values_list("sampler", flat=True)
+    ).first()
+    if sampler is None:
+        return None
+    update, _ = LearningUpdate.objects.get_or_create(run_id=run_id, step=step, defaults={"sampler": sampler})
+    return update if update.status == UpdateStatus.PENDING else None
+
+
+def contribution_prepare(*, run_id: str, group_id: str) -> bool:
+    """A group of a train run settled: record its contribution here, on the evidence queue,
+    with its datums stored packed, so that the training process finds it recorded and reads
+    one object instead of the group's evidence (``contributions_feed``). True if it built
+    the group's datums here. Idempotent, and nothing depends on it: the training process records a group it
+    finds without a contribution itself once its client has nothing to run, and a failure
+    here is logged and left to it."""
+    group = (
+        SamplingGroup.objects.select_related("run__spec", "run__org")
+        .filter(pk=group_id, run_id=run_id, status=GroupStatus.SETTLED, contribution__isnull=True)
+        .first()
+    )
+    if group is None or group.run.is_terminal:
+        return False
+    trainer = Trainer.objects.filter(run_id=run_id).only("status", "step").first()
+    if trainer is None or trainer.status not in (TrainerStatus.SAMPLING, TrainerStatus.UPDATING):
+        return False
+    if group.step < trainer.step or (update := _update_gathering(run_id=run_id, step=group.step)) is None:
+        return False
+    try:
+        recorded = contribution_record(update=update, group=group, plan=group.run.spec.plan, store=True)
+    except Exception:  # noqa: BLE001 - the training process records it instead
+        logger.exception("preparing group %s of %s failed; the trainer will record it", group_id, run_id)
+        return False
+    return recorded.data is not None
 
 
 def step_feed(*, run_id: str, step: int, submit: bool = True) -> bool:
@@ -279,20 +368,14 @@ def step_feed(*, run_id: str, step: int, submit: bool = True) -> bool:
         return False
     if step < trainer.step or trainer.run.is_terminal:
         return step_settled(run_id=run_id, step=step)  # ends the learner of a cancelled run
-    plan = trainer.run.spec.plan
-    sampler = (
-        SamplingGroup.objects.filter(run_id=run_id, step=step).order_by("position").values_list("sampler", flat=True)
-    ).first()
-    if sampler is None:
-        return False
-    update, _ = LearningUpdate.objects.get_or_create(run_id=run_id, step=step, defaults={"sampler": sampler})
-    if update.status != UpdateStatus.PENDING:
+    update = _update_gathering(run_id=run_id, step=step)
+    if update is None:
         return False
     try:
         contributions_feed(
             trainer=trainer,
             update=update,
-            plan=plan,
+            plan=trainer.run.spec.plan,
             submit=submit and trainer.step == step and trainer.status == TrainerStatus.SAMPLING,
         )
     except Exception:  # noqa: BLE001 - the update gathers and submits again, and fails the run if it must

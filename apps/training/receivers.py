@@ -18,15 +18,18 @@ def on_train_run_started(*, run_id: str, **_: Any) -> None:
 
 
 @receiver(signals.group_settled, dispatch_uid="training.group_settled")
-def on_group_settled(*, run_id: str, step: int, kind: str | None = None, **_: Any) -> None:
+def on_group_settled(*, run_id: str, step: int, group_id: str, kind: str | None = None, **_: Any) -> None:
     from apps.runs.models import Run, RunKind
 
     # Evaluation and execution groups settle too; only train runs have a learner.
     if kind is None:
         kind = Run.objects.filter(pk=run_id).values_list("kind", flat=True).first()
     if kind == RunKind.TRAIN:
-        from apps.training.tasks import group_settled_task
+        from apps.training.tasks import contribution_prepare_task, group_settled_task
 
+        # Its contribution is prepared on the evidence queue while the training worker
+        # feeds the groups before it; the feed records it itself if it comes first.
+        contribution_prepare_task.delay(run_id, group_id)
         group_settled_task.delay(run_id, step)
 
 

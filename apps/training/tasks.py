@@ -21,6 +21,17 @@ def training_start_task(run_id: str) -> None:
     client_warm(run_id=run_id)
 
 
+# Routed to the evidence queue (synth_project.queues): it reads a group's published evidence
+# and stores its packed datums, work kept out of the training worker's process. Nothing
+# depends on it (the training worker records a group it finds without a contribution), so
+# a lost or failed one is not retried.
+@shared_task(name="training.contribution_prepare", acks_late=True, soft_time_limit=600, time_limit=660)
+def contribution_prepare_task(run_id: str, group_id: str) -> None:
+    from apps.training.pipeline import contribution_prepare
+
+    contribution_prepare(run_id=run_id, group_id=group_id)
+
+
 # A group's forward/backward runs here (on the run's training client in this process), so
 # the limits are an update's; a lost or failed one leaves its work to the update itself.
 @shared_task(name="training.group_settled", acks_late=True, soft_time_limit=3 * 3600, time_limit=3 * 3600 + 300)

@@ -138,6 +138,7 @@ def test_training_pipeline_bench_prints_figures() -> None:
     figures = json.loads(out.strip().splitlines()[-1])
     assert {"sequential_s", "pipelined_s", "max_abs_kl", "staleness_steps"} <= set(figures)
     assert figures["sequential_s"] > 0 and figures["pipelined_s"] > 0
+    assert figures["prepare"] is True  # groups prepared where they settled, as the evidence worker does
     # Two pairs measured, the figures of one of them (the median's).
     assert len(figures["ratios"]) == 2 and figures["ratio"] in figures["ratios"]
     # Staleness 0: the sampler served exactly the trainer's weights, and the pipelined update

@@ -8,11 +8,13 @@ learner feeds each settled group's forward/backward before the optimizer step.
 * max_staleness 1: the next batch samples S0 while the update runs, its kl is reported by
   staleness, and groups more than one step behind are excluded and recorded;
 * gradients fed group by group, in any order and delivered twice, give the lockstep update;
-* a group that settles while a forward/backward runs is fed by the same call, behind it,
-  its datums built while that call still runs;
+* a group prepared where it settled (the evidence queue) stores the datums its evidence
+  gives, and the feed trains it from them: a group prepared while a forward/backward runs
+  is queued behind it by the same call; one nobody prepares is recorded by the feeder
+  while that call still runs;
 * kl over trained tokens only (a trainer array longer than the datum tolerated);
-* feeding a batch reads its settled groups and their contributions as often for five
-  groups as for two;
+* feeding a batch of prepared groups reads none of their evidence, and its groups and
+  their contributions as often for five groups as for two;
 * the start task's warmed training client is the one the first group trains on;
 * a training worker killed mid-batch: the sweeper moves the step on, and its
   forward/backward is done again, once.
@@ -35,11 +37,12 @@ from tinker.types import TensorData
 
 from apps.accounts.services import org_get_or_create
 from apps.core.process import process_identity
+from apps.objects.services import object_read
 from apps.proxy.models import Interaction
 from apps.runs.models import RunEvent, SamplingGroup, Trial
 from apps.runs.sweeper import sweep_tick
 from apps.training import clients, pipeline
-from apps.training.datums import PackedDatum
+from apps.training.datums import PackedDatum, datums_pack, datums_unpack
 from apps.training.models import (
     Checkpoint,
     ContributionStatus,
@@ -238,7 +241,47 @@ def test_kl_terms_sum_the_sampler_minus_trainer_logprobs_over_trained_tokens_onl
 
 
 @pytest.mark.django_db
-def test_feeding_a_batch_reads_its_groups_and_their_contributions_once_not_once_per_group(attempts, monkeypatch):
+def test_a_group_prepared_where_it_settled_stores_the_datums_its_evidence_gives(attempts):
+    run = _train_run("prepare")
+    training_start(run_id=run.id)
+    _attempt_all(attempts, run, 0, positions=[0], feed=False)
+    group = SamplingGroup.objects.select_related("run__spec").get(run=run, step=0, position=0)
+    unsettled = SamplingGroup.objects.get(run=run, step=0, position=1)
+    assert not pipeline.contribution_prepare(run_id=run.id, group_id=unsettled.id)  # nothing to prepare yet
+    assert pipeline.contribution_prepare(run_id=run.id, group_id=group.id)
+    assert not pipeline.contribution_prepare(run_id=run.id, group_id=group.id)  # once
+    contribution = GroupContribution.objects.select_related("datums_object").get(group=group)
+    assert contribution.status == ContributionStatus.READY and contribution.datums > 0
+    stored = datums_unpack(object_read(obj=contribution.datums_object))
+    # The same datums, floats bit for bit, as the training process builds from the evidence.
+    assert stored == pipeline._prepare(group=group, plan=run.spec.plan).datums
+    assert len(stored) == contribution.datums
+
+
+def test_packed_datums_read_back_equal_floats_included():
+    datums = [
+        PackedDatum(
+            trial_id="t",
+            input_ids=[1, 151_643, 3],
+            target_ids=[151_643, 3, 4],
+            logprobs=[0.0, -1.0000000000000002e-07, -17.394531250000004],
+            advantages=[0.0, 0.3333333333333333, -0.6666666666666667],
+            mask=[0.0, 1.0, 1.0],
+        )
+    ]
+    assert datums_unpack(datums_pack(datums)) == datums
+
+
+def test_preparing_a_contribution_goes_to_the_evidence_queue_and_the_feed_to_the_training_queue():
+    from synth_project.celery import app
+
+    route = app.amqp.router.route
+    assert route({}, "training.contribution_prepare")["queue"].name == "evidence"
+    assert route({}, "training.group_settled")["queue"].name == "training"
+
+
+@pytest.mark.django_db
+def test_feeding_prepared_groups_reads_no_evidence_and_as_much_for_five_groups_as_for_two(attempts, monkeypatch):
     # While the client runs its last call the feeder looks again after a while: here only
     # once that call is done, so the count does not depend on how long the calls take.
     monkeypatch.setattr(pipeline, "FEED_LOOK_FIRST_SECONDS", 600.0)
@@ -249,6 +292,8 @@ def test_feeding_a_batch_reads_its_groups_and_their_contributions_once_not_once_
         )
         training_start(run_id=run.id)
         _attempt_all(attempts, run, 0, feed=False)
+        for group in SamplingGroup.objects.filter(run=run, step=0):  # the evidence worker's part
+            assert pipeline.contribution_prepare(run_id=run.id, group_id=group.id)
         with CaptureQueriesContext(connection) as queries:
             step_feed(run_id=run.id, step=0)
         fed = GroupContribution.objects.filter(update__run=run, status=ContributionStatus.SUBMITTED)
@@ -256,15 +301,56 @@ def test_feeding_a_batch_reads_its_groups_and_their_contributions_once_not_once_
         selects = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT")]
         reads[size] = {
             table: sum(f'FROM "{table}"' in sql for sql in selects)
-            for table in ("runs_samplinggroup", "training_groupcontribution", "runs_runspec")
+            for table in (
+                "runs_samplinggroup",
+                "training_groupcontribution",
+                "runs_runspec",
+                "objects_storedobject",
+                "runs_trial",
+                "proxy_interaction",
+            )
         }
-    # Each group's own evidence is read once per group; the batch's groups, the
-    # contributions already recorded and the plan are read as often for 5 groups as for 2.
+    # The batch's groups, their contributions and their stored datums' references are read
+    # as often for 5 groups as for 2, and none of the groups' evidence is.
     assert reads[5] == reads[2], reads
+    assert reads[5]["proxy_interaction"] == 0, reads
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_group_settling_while_one_trains_is_fed_by_the_same_call(attempts):
+def test_a_group_prepared_while_one_trains_is_queued_behind_it_from_its_stored_datums(attempts):
+    run = _train_run("overlap-prepared", steps=1)
+    training_start(run_id=run.id)
+    assert clients.client_warm(run_id=run.id)
+    live = clients._clients[run.id]
+    _attempt_all(attempts, run, 0, positions=[0], feed=False)
+    feeder = threading.Thread(target=step_feed, kwargs={"run_id": run.id, "step": 0})
+    with live.client._lock:  # group 0's forward/backward waits, and the feeding call with it
+        feeder.start()
+        while not GroupContribution.objects.filter(group__run=run, group__position=0).exists():
+            feeder.join(0.01)
+        _attempt_all(attempts, run, 0, positions=[1], feed=False)
+        group = SamplingGroup.objects.get(run=run, step=0, position=1)
+        assert pipeline.contribution_prepare(run_id=run.id, group_id=group.id)
+        for _ in range(6000):
+            if GroupContribution.objects.filter(group=group, status=ContributionStatus.SUBMITTED).exists():
+                break
+            feeder.join(0.01)
+    feeder.join(60)
+    assert not feeder.is_alive()
+    fed = GroupContribution.objects.filter(update__run=run).order_by("group__position")
+    assert [(c.group.position, c.status) for c in fed] == [
+        (0, ContributionStatus.SUBMITTED),
+        (1, ContributionStatus.SUBMITTED),
+    ]
+    # Group 0 was recorded by the feeder (nothing was queued), group 1 where it settled.
+    assert [c.datums_object_id is not None for c in fed] == [False, True]
+    assert live.keys == {c.key for c in fed} and clients._clients[run.id] is live
+    _attempt_all(attempts, run, 0, positions=[2])
+    assert _update(run, 0).metrics["groups_submitted_late"] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_group_nobody_prepares_while_one_trains_is_recorded_by_the_feeder_behind_it(attempts):
     run = _train_run("overlap", steps=1)
     training_start(run_id=run.id)
     assert clients.client_warm(run_id=run.id)
@@ -277,8 +363,9 @@ def test_a_group_settling_while_one_trains_is_fed_by_the_same_call(attempts):
         feeder.start()
         while not GroupContribution.objects.filter(group__run=run, group__position=0).exists():
             feeder.join(0.01)
-        _attempt_all(attempts, run, 0, positions=[1], feed=False)  # settles meanwhile
-        # Recorded while group 0's call still runs: its datums are ready when that call ends.
+        _attempt_all(attempts, run, 0, positions=[1], feed=False)  # settles meanwhile, not prepared
+        # Recorded by the feeder while group 0's call still runs, once no other process has
+        # at a few looks: its datums are ready when that call ends.
         for _ in range(6000):
             if GroupContribution.objects.filter(group__run=run, group__position=1).exists():
                 break
