@@ -334,9 +334,9 @@ def contribution_prepare(*, run_id: str, group_id: str) -> bool:
     """A group of a train run settled: record its contribution here, on the evidence queue,
     with its datums stored packed, so that the training process finds it recorded and reads
     one object instead of the group's evidence (``contributions_feed``). True if it built
-    the group's datums here. Idempotent, and nothing depends on it: the training process records a group it
-    finds without a contribution itself once its client has nothing to run, and a failure
-    here is logged and left to it."""
+    the group's datums here. Idempotent, and nothing depends on it: the training process
+    records a group it finds without a contribution itself, and a failure here is logged
+    and left to it."""
     group = (
         SamplingGroup.objects.select_related("run__spec", "run__org")
         .filter(pk=group_id, run_id=run_id, status=GroupStatus.SETTLED, contribution__isnull=True)
