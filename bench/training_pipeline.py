@@ -178,8 +178,8 @@ def batch_run(
     prepare: bool = True,
 ) -> None:
     """Run every attempt of ``step`` on the attempts' slots, the slow group's first (they
-    sample, then work longest); each time one of its groups settles, prepare its
-    contribution (with ``prepare``, as the evidence worker does) and call ``on_group(step)``."""
+    sample, then work longest); each time one of its groups settles, call ``on_group(step)``
+    and prepare its contribution (with ``prepare``, as the evidence worker does)."""
     from apps.runs.models import GroupStatus, SamplingGroup, Trial
     from apps.training.pipeline import contribution_prepare
 
@@ -193,10 +193,13 @@ def batch_run(
     def one(trial: tuple[str, str, int]) -> None:
         attempts.run(trial_id=trial[0], work_seconds=slow_seconds if trial[2] == slow_position else 0.0)
         if SamplingGroup.objects.filter(pk=trial[1], status=GroupStatus.SETTLED).exists():
-            if prepare:  # the evidence worker's part on group.settled, whatever the mode
-                contribution_prepare(run_id=run_id, group_id=trial[1])
+            # group.settled: the training queue's message and the evidence worker's part go
+            # out together, as the receiver sends them; the feed may find the group before
+            # it is prepared (and records it itself if its client has nothing queued).
             if on_group is not None:
                 on_group(step)
+            if prepare:
+                contribution_prepare(run_id=run_id, group_id=trial[1])
 
     list(attempts.slots.map(one, trials))
 

@@ -248,6 +248,11 @@ def test_a_group_prepared_where_it_settled_stores_the_datums_its_evidence_gives(
     group = SamplingGroup.objects.select_related("run__spec").get(run=run, step=0, position=0)
     unsettled = SamplingGroup.objects.get(run=run, step=0, position=1)
     assert not pipeline.contribution_prepare(run_id=run.id, group_id=unsettled.id)  # nothing to prepare yet
+    # A learner that stopped (an update left unresolved) takes nothing more.
+    Trainer.objects.filter(run=run).update(status=TrainerStatus.BLOCKED)
+    assert not pipeline.contribution_prepare(run_id=run.id, group_id=group.id)
+    assert not GroupContribution.objects.filter(group=group).exists()
+    Trainer.objects.filter(run=run).update(status=TrainerStatus.SAMPLING)
     assert pipeline.contribution_prepare(run_id=run.id, group_id=group.id)
     assert not pipeline.contribution_prepare(run_id=run.id, group_id=group.id)  # once
     contribution = GroupContribution.objects.select_related("datums_object").get(group=group)
