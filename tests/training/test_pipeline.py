@@ -22,12 +22,16 @@ learner feeds each settled group's forward/backward before the optimizer step.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -321,73 +325,72 @@ def test_feeding_prepared_groups_reads_no_evidence_and_as_much_for_five_groups_a
     assert reads[5]["proxy_interaction"] == 0, reads
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_group_prepared_while_one_trains_is_queued_behind_it_from_its_stored_datums(attempts):
-    run = _train_run("overlap-prepared", steps=1)
+@contextlib.contextmanager
+def _group_0_training(attempts: Attempts, slug: str) -> Iterator[tuple[Any, Any]]:
+    """A run whose group 0 a feeding call (a thread) has recorded and queued on the client,
+    where its forward/backward waits: the client runs its calls under its own lock, held
+    here. Yields (run, live client); the feeding call has ended when this exits."""
+    run = _train_run(slug, steps=1)
     training_start(run_id=run.id)
     assert clients.client_warm(run_id=run.id)
     live = clients._clients[run.id]
     _attempt_all(attempts, run, 0, positions=[0], feed=False)
     feeder = threading.Thread(target=step_feed, kwargs={"run_id": run.id, "step": 0})
-    with live.client._lock:  # group 0's forward/backward waits, and the feeding call with it
-        feeder.start()
-        while not GroupContribution.objects.filter(group__run=run, group__position=0).exists():
-            feeder.join(0.01)
-        _attempt_all(attempts, run, 0, positions=[1], feed=False)
-        group = SamplingGroup.objects.get(run=run, step=0, position=1)
-        assert pipeline.contribution_prepare(run_id=run.id, group_id=group.id)
-        for _ in range(6000):
-            if GroupContribution.objects.filter(group=group, status=ContributionStatus.SUBMITTED).exists():
-                break
-            feeder.join(0.01)
-    feeder.join(60)
-    assert not feeder.is_alive()
-    fed = GroupContribution.objects.filter(update__run=run).order_by("group__position")
-    assert [(c.group.position, c.status) for c in fed] == [
-        (0, ContributionStatus.SUBMITTED),
-        (1, ContributionStatus.SUBMITTED),
-    ]
-    # Group 0 was recorded by the feeder (nothing was queued), group 1 where it settled.
-    assert [c.datums_object_id is not None for c in fed] == [False, True]
-    assert live.keys == {c.key for c in fed} and clients._clients[run.id] is live
-    _attempt_all(attempts, run, 0, positions=[2])
-    assert _update(run, 0).metrics["groups_submitted_late"] == 0
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_group_nobody_prepares_while_one_trains_is_recorded_by_the_feeder_behind_it(attempts):
-    run = _train_run("overlap", steps=1)
-    training_start(run_id=run.id)
-    assert clients.client_warm(run_id=run.id)
-    live = clients._clients[run.id]
-    _attempt_all(attempts, run, 0, positions=[0], feed=False)
-    feeder = threading.Thread(target=step_feed, kwargs={"run_id": run.id, "step": 0})
-    # The client runs its calls under its own lock: held here, group 0's forward/backward
-    # waits, and so does the feeding call that queued it.
     with live.client._lock:
         feeder.start()
         while not GroupContribution.objects.filter(group__run=run, group__position=0).exists():
             feeder.join(0.01)
-        _attempt_all(attempts, run, 0, positions=[1], feed=False)  # settles meanwhile, not prepared
-        # Recorded by the feeder while group 0's call still runs, once no other process has
-        # at a few looks: its datums are ready when that call ends.
-        for _ in range(6000):
-            if GroupContribution.objects.filter(group__run=run, group__position=1).exists():
-                break
-            feeder.join(0.01)
-        assert GroupContribution.objects.filter(group__run=run, group__position=1).exists()
-        assert not GroupContribution.objects.filter(group__run=run, status=ContributionStatus.SUBMITTED).exists()
+        yield run, live
     feeder.join(60)
     assert not feeder.is_alive()
-    fed = GroupContribution.objects.filter(update__run=run).order_by("group__position")
+
+
+def _fed_by_one_call(run: Any, live: Any) -> list[GroupContribution]:
+    fed = list(GroupContribution.objects.filter(update__run=run).order_by("group__position"))
     assert [(c.group.position, c.status) for c in fed] == [
         (0, ContributionStatus.SUBMITTED),
         (1, ContributionStatus.SUBMITTED),
     ]
     assert live.keys == {c.key for c in fed} and clients._clients[run.id] is live
     # The rest of the batch, then the update: nothing was left for it but its own group.
-    _attempt_all(attempts, run, 0, positions=[2])
+    _attempt_all(Attempts(prompt_tokens=40, max_tokens=12), run, 0, positions=[2])
     assert _update(run, 0).metrics["groups_submitted_late"] == 0
+    return fed
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_group_prepared_while_one_trains_is_queued_behind_it_from_its_stored_datums(attempts):
+    with _group_0_training(attempts, "overlap-prepared") as (run, live):
+        _attempt_all(attempts, run, 0, positions=[1], feed=False)
+        group = SamplingGroup.objects.get(run=run, step=0, position=1)
+        assert pipeline.contribution_prepare(run_id=run.id, group_id=group.id)
+        # Queued on the client behind group 0's call, which still waits: the client's thread
+        # holds that call, its queue the next one.
+        waiting = live.client._executor._work_queue
+        for _ in range(6000):
+            if waiting.qsize() == 1:
+                break
+            time.sleep(0.01)
+        assert waiting.qsize() == 1
+    fed = _fed_by_one_call(run, live)
+    # Group 0 was recorded by the feeder (nothing was queued), group 1 where it settled.
+    assert [c.datums_object_id is not None for c in fed] == [False, True]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_group_nobody_prepares_while_one_trains_is_recorded_by_the_feeder_behind_it(attempts):
+    with _group_0_training(attempts, "overlap") as (run, live):
+        _attempt_all(attempts, run, 0, positions=[1], feed=False)  # settles meanwhile, not prepared
+        # Recorded by the feeder while group 0's call still runs, once no other process has
+        # at a few looks: its datums are ready when that call ends.
+        for _ in range(6000):
+            if GroupContribution.objects.filter(group__run=run, group__position=1).exists():
+                break
+            time.sleep(0.01)
+        assert GroupContribution.objects.filter(group__run=run, group__position=1).exists()
+        assert not GroupContribution.objects.filter(group__run=run, status=ContributionStatus.SUBMITTED).exists()
+    fed = _fed_by_one_call(run, live)
+    assert [c.datums_object_id for c in fed] == [None, None]
 
 
 @pytest.mark.django_db
