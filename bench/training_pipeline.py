@@ -20,8 +20,8 @@ and its trial settles with a reward (the mean of (id mod 97) / 96 over its sampl
   and forward/backward; when the slow group settles, its own forward/backward, the optimizer
   step and the save.
 
-In both modes, as each group settles, the attempts' process prepares its contribution as the
-evidence worker does (``contribution_prepare``: its datums stored packed), so the training
+In both modes, as each group settles (after the feed's message, in the pipelined one), the
+attempts' process prepares its contribution as the evidence worker does (``contribution_prepare``: its datums stored packed), so the training
 worker reads one object per group instead of the group's evidence; with ``--no-prepare`` the
 training worker records every group itself.
 
@@ -38,7 +38,7 @@ pairs of batches whose order alternates; the figures are the pair with the media
 group as soon as it has settled and the one before it is trained, at the lockstep update's
 time per group, then saves. Its trainer can start only once the first group has settled,
 and the calibrated slow group settles about when the others' training could end: with 8
-groups that best is about 0.6, with 16 about 0.53.
+groups that best is about 0.6 on 2 cores, with 16 about 0.55.
 ``max_abs_kl`` is the largest |kl_sample_train| (sampler vs trainer logprobs, staleness 0)
 of any group of any update, and every update's adapter weights are compared
 (``weights_max_abs_diff``). The

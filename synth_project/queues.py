@@ -14,8 +14,8 @@ class Queue(StrEnum):
     CONTROL = "control"  # admission, scheduling, transitions, the lease reaper: short, DB-bound
     TRIALS = "trials"  # one sandboxed attempt per task: long, CPU/memory-bound
     TRAINING = "training"  # forward/backward, optimizer step, checkpoint save: ordered per trainer
-    # publication of captured interactions and artifacts, and a settled group's training data
-    # read from them: IO-bound
+    # publication of captured interactions and artifacts (IO-bound), and each settled train
+    # group's datums built from them
     EVIDENCE = "evidence"
 
 

@@ -162,9 +162,9 @@ class GroupContribution(models.Model):
     summary = models.JSONField(default=dict, blank=True, help_text="qualified, rewards, problems")
     datums = models.PositiveIntegerField(default=0)
     sampled_tokens = models.PositiveIntegerField(default=0)
-    # Recorded where the group settled (apps.training.pipeline.group_prepare), its datums are
-    # stored packed so that the training process reads one object instead of the group's
-    # evidence; recorded by the training process itself, they are not (it holds them).
+    # Recorded on the evidence queue (apps.training.pipeline.contribution_prepare), a group's
+    # datums are stored packed, so that the training process reads one object instead of the
+    # group's evidence; recorded by the training process itself, they are not (it holds them).
     datums_object = models.ForeignKey(
         "objects.StoredObject",
         null=True,
