@@ -345,7 +345,7 @@ def _group_0_training(attempts: Attempts, slug: str) -> Iterator[tuple[Any, Any]
     assert not feeder.is_alive()
 
 
-def _fed_by_one_call(run: Any, live: Any) -> list[GroupContribution]:
+def _fed_by_one_call(attempts: Attempts, run: Any, live: Any) -> list[GroupContribution]:
     fed = list(GroupContribution.objects.filter(update__run=run).order_by("group__position"))
     assert [(c.group.position, c.status) for c in fed] == [
         (0, ContributionStatus.SUBMITTED),
@@ -353,7 +353,7 @@ def _fed_by_one_call(run: Any, live: Any) -> list[GroupContribution]:
     ]
     assert live.keys == {c.key for c in fed} and clients._clients[run.id] is live
     # The rest of the batch, then the update: nothing was left for it but its own group.
-    _attempt_all(Attempts(prompt_tokens=40, max_tokens=12), run, 0, positions=[2])
+    _attempt_all(attempts, run, 0, positions=[2])
     assert _update(run, 0).metrics["groups_submitted_late"] == 0
     return fed
 
@@ -372,7 +372,7 @@ def test_a_group_prepared_while_one_trains_is_queued_behind_it_from_its_stored_d
                 break
             time.sleep(0.01)
         assert waiting.qsize() == 1
-    fed = _fed_by_one_call(run, live)
+    fed = _fed_by_one_call(attempts, run, live)
     # Group 0 was recorded by the feeder (nothing was queued), group 1 where it settled.
     assert [c.datums_object_id is not None for c in fed] == [False, True]
 
@@ -389,7 +389,7 @@ def test_a_group_nobody_prepares_while_one_trains_is_recorded_by_the_feeder_behi
             time.sleep(0.01)
         assert GroupContribution.objects.filter(group__run=run, group__position=1).exists()
         assert not GroupContribution.objects.filter(group__run=run, status=ContributionStatus.SUBMITTED).exists()
-    fed = _fed_by_one_call(run, live)
+    fed = _fed_by_one_call(attempts, run, live)
     assert [c.datums_object_id for c in fed] == [None, None]
 
 
