@@ -297,6 +297,11 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         # Broadcast (remote control) messages; kombu would otherwise write ./control.
         "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
+        # How long a worker sleeps after finding every queue empty (kombu's default 1 s): a
+        # run's hops (scheduled, trials sent, settled, group fed, next batch) each waited
+        # half of it on average, and a training group settled on the training queue a poll
+        # before the evidence queue could prepare it. A poll lists one small folder.
+        "polling_interval": env_float("SYNTH_BROKER_POLL_SECONDS", 0.1, minimum=0.01),
     }
 else:
     # Longer than the longest acks_late task (a training step), or Redis redelivers it.
