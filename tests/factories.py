@@ -55,9 +55,14 @@ def make_task_version_unchecked(*, org: Organization, path: Any, name: str) -> T
     import would refuse (or one broken later) can still reach a worker in tests."""
     from pathlib import Path
 
+    from harbor.models.task.task import strip_canary
+
     from apps.datasets.task_archives import canonical_tar, task_entries_collect
 
     data = canonical_tar(task_entries_collect(Path(path), label=name))
+    # The instruction as import stores it (apps.datasets.harbor_tasks), which the launch uses.
+    instruction_md = Path(path) / "instruction.md"
+    instruction = strip_canary(instruction_md.read_text()) if instruction_md.is_file() else ""
     archive = object_put(org=org, data=data)
     tv, _ = TaskVersion.objects.get_or_create(
         org=org,
@@ -66,7 +71,7 @@ def make_task_version_unchecked(*, org: Organization, path: Any, name: str) -> T
             "name": name,
             "archive": archive,
             "config": {},
-            "instruction": "",
+            "instruction": instruction,
             "verifier_timeout_sec": 60,
             "agent_timeout_sec": 30,
             "memory_mb": 512,
