@@ -8,7 +8,8 @@ shape, packed and uploaded as `synth dataset push` does).
 
 Prints figures; asserts nothing; the last line is one JSON object: {"submissions_per_s",
 "event_appends_per_s", "event_appends_batched_per_s", "cancel_10k_s", "push_10k_s"} (with
-the load average; "submission_floor_per_s", the same server and clients answering GET
+the load average; "gateway_cpu_ms_per_submission" and "floor_cpu_ms_per_request", the gunicorn
+processes' CPU per request of each phase; "submission_floor_per_s", the same server and clients answering GET
 /healthz, the cheapest request there is; "bare_commits_per_s", the floor of the appends one
 per transaction: one process committing bare INSERTs as they run, as a lone append commits;
 "event_appends_in_transaction_per_s" with its floor "bare_commits_in_transaction_per_s":
@@ -86,6 +87,15 @@ def cancel_bench(*, trials: int) -> float | None:
     figures = json.loads(proc.stdout.strip().splitlines()[-1])
     print(f"cancel of {figures['trials']:,} trials: {figures['time_to_cancelled_s']:.2f} s to cancelled")
     return float(figures["time_to_cancelled_s"])
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its children: the gunicorn server's
+    master and workers. Throughput moves with a shared machine's speed within minutes; the
+    CPU a request costs moves much less, so a change is judged on both."""
+    from bench.proxy_load import cpu_seconds as tree_cpu_seconds
+
+    return tree_cpu_seconds(pid)
 
 
 def free_port() -> int:
@@ -189,16 +199,19 @@ def main() -> None:
             # state and for the floor measured after.
             list(pool.map(submit, range(-args.clients * 4, 0)))
             latencies.clear()
+            cpu0 = cpu_seconds(server.pid)
             t0 = time.perf_counter()
             codes = list(pool.map(submit, range(args.submissions)))
         elapsed = time.perf_counter() - t0
+        cpu_submission = (cpu_seconds(server.pid) - cpu0) / args.submissions
         assert all(c == 201 for c in codes), set(codes)
         lat = sorted(latencies)
         figures["submissions_per_s"] = round(args.submissions / elapsed, 1)
+        figures["gateway_cpu_ms_per_submission"] = round(cpu_submission * 1000, 2)
         print(
             f"run submissions (HTTP, {args.clients} clients, gunicorn 2x8): "
             f"{args.submissions / elapsed:,.0f} runs/s; latency p50 {statistics.median(lat) * 1000:.1f} ms, "
-            f"p99 {lat[int(len(lat) * 0.99) - 1] * 1000:.1f} ms"
+            f"p99 {lat[int(len(lat) * 0.99) - 1] * 1000:.1f} ms; the gateway's CPU {cpu_submission * 1000:.2f} ms per run"
         )
 
         # The floor: the same server and clients answering the cheapest request there is
@@ -206,15 +219,18 @@ def main() -> None:
         def health(_: int) -> int:
             return thread_client().get("/healthz").status_code
 
+        cpu0 = cpu_seconds(server.pid)
         t0 = time.perf_counter()
         with ThreadPoolExecutor(args.clients) as pool:
             codes = list(pool.map(health, range(args.submissions)))
         elapsed = time.perf_counter() - t0
+        cpu_health = (cpu_seconds(server.pid) - cpu0) / args.submissions
         assert all(c == 200 for c in codes), set(codes)
         figures["submission_floor_per_s"] = round(args.submissions / elapsed, 1)
+        figures["floor_cpu_ms_per_request"] = round(cpu_health * 1000, 2)
         print(
             f"the floor, GET /healthz (no authentication, SELECT 1) on the same server and clients: "
-            f"{args.submissions / elapsed:,.0f} requests/s"
+            f"{args.submissions / elapsed:,.0f} requests/s; the gateway's CPU {cpu_health * 1000:.2f} ms per request"
         )
 
         # One event per transaction. An event that records no other write is its own
