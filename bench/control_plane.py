@@ -8,10 +8,11 @@ shape, packed and uploaded as `synth dataset push` does).
 
 Prints figures; asserts nothing; the last line is one JSON object: {"submissions_per_s",
 "event_appends_per_s", "event_appends_batched_per_s", "cancel_10k_s", "push_10k_s"} (with
-the load average; "gateway_cpu_ms_per_submission" and "floor_cpu_ms_per_request", the gunicorn
-processes' CPU per request of each phase; "submission_floor_per_s", the same server and clients answering GET
-/healthz, the cheapest request there is; "bare_commits_per_s", the floor of the appends one
-per transaction: one process committing bare INSERTs as they run, as a lone append commits;
+the load average; "submission_floor_per_s", the same server and clients answering GET
+/healthz, the cheapest request there is; "gateway_cpu_ms_per_submission" and
+"floor_cpu_ms_per_request", the gunicorn processes' CPU per request of each of the two;
+"bare_commits_per_s", the floor of the appends one per transaction: one process committing
+bare INSERTs as they run, as a lone append commits;
 "event_appends_in_transaction_per_s" with its floor "bare_commits_in_transaction_per_s":
 each append alone inside a transaction, BEGIN and COMMIT round trips included;
 "event_appends_parallel_per_s" with its floor "bare_commits_parallel_per_s": --writers

@@ -299,8 +299,8 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "store_processed": False,
         # How long a worker sleeps after finding every queue empty (kombu's default 1 s): a
         # run's hops (scheduled, trials sent, settled, group fed, next batch) each waited
-        # half of it on average, and a training group settled on the training queue a poll
-        # before the evidence queue could prepare it. A poll lists one small folder.
+        # half of it on average, and the training queue took a settled group a poll before
+        # the evidence queue could prepare it. A poll lists one small folder per queue.
         "polling_interval": env_float("SYNTH_BROKER_POLL_SECONDS", 0.1, minimum=0.01),
     }
 else:

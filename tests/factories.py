@@ -60,7 +60,8 @@ def make_task_version_unchecked(*, org: Organization, path: Any, name: str) -> T
     from apps.datasets.task_archives import canonical_tar, task_entries_collect
 
     data = canonical_tar(task_entries_collect(Path(path), label=name))
-    # The instruction as import stores it (apps.datasets.harbor_tasks), which the launch uses.
+    # The instruction as import stores it for a task of one step (apps.datasets.harbor_tasks):
+    # the launch hands the agent the stored one.
     instruction_md = Path(path) / "instruction.md"
     instruction = strip_canary(instruction_md.read_text()) if instruction_md.is_file() else ""
     archive = object_put(org=org, data=data)

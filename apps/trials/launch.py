@@ -123,8 +123,8 @@ def trial_launch_plan(
             name=tv.name,
             workdir=task_workdir(task_dir=task_dir),  # the sandbox's cwd: task.toml, else the Dockerfile's WORKDIR
             # Stored at import from the same verified package (apps.datasets.harbor_tasks, as
-            # Harbor reads it): building Harbor's Task here only to read it walked and checked
-            # the task's files once more per launch plan, about 3% of a trivial trial's CPU.
+            # Harbor reads it): building Harbor's Task here only to read it parsed task.toml and
+            # checked the task's files once more per launch plan (2-3 ms each, two per judged trial).
             instruction=instruction if instruction is not None else tv.instruction,
             agent_timeout_sec=tv.agent_timeout_sec,
             id=tv.id,
