@@ -90,15 +90,6 @@ def cancel_bench(*, trials: int) -> float | None:
     return float(figures["time_to_cancelled_s"])
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) of a process and its children: the gunicorn server's
-    master and workers. Throughput moves with a shared machine's speed within minutes; the
-    CPU a request costs moves much less, so a change is judged on both."""
-    from bench.proxy_load import cpu_seconds as tree_cpu_seconds
-
-    return tree_cpu_seconds(pid)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -130,6 +121,10 @@ def main() -> None:
     from apps.accounts.services import membership_set, org_get_or_create, token_issue
     from apps.runs.models import Run
     from apps.runs.services import events_append
+
+    # The gunicorn master's and workers' CPU seconds: throughput moves with a shared machine's
+    # speed within minutes, the CPU a request costs much less, so a change is judged on both.
+    from bench.proxy_load import cpu_seconds
     from tests.factories import make_dataset_version, make_profile_version
 
     stamp = str(int(time.time()))
