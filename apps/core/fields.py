@@ -26,3 +26,22 @@ class IntegerField(serializers.IntegerField):
         else:
             self.fail("invalid")
         return value  # min_value / max_value are checked by the field's validators
+
+
+class ChoiceListField(serializers.CharField):
+    """One value or a comma-separated list (``?status=failed,lost``), each one of ``choices``:
+    the values, in order. A value no record can hold is the caller's error, not an empty page."""
+
+    default_error_messages = {"invalid_choice": '"{input}" is not one of: {choices}.'}
+
+    def __init__(self, *, choices: list[tuple[str, str]], **kwargs: Any) -> None:
+        self.choices = [value for value, _ in choices]
+        kwargs.setdefault("help_text", "one or more of " + ", ".join(self.choices) + ", comma-separated")
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> list[str]:  # type: ignore[override]
+        values = super().to_internal_value(data).split(",")
+        for value in values:
+            if value not in self.choices:
+                self.fail("invalid_choice", input=value, choices=", ".join(self.choices))
+        return values

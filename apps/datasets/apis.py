@@ -17,6 +17,7 @@ from apps.accounts.principal import Principal
 from apps.core.errors import NotFound
 from apps.core.inputs import query_int
 from apps.core.pagination import IdCursorPagination
+from apps.core.queries import PageQuery, query_read
 from apps.core.serializers import ERRORS, paged
 from apps.datasets import selectors, services
 from apps.datasets.models import DatasetVersion, TaskVersion
@@ -153,6 +154,7 @@ class DatasetListCreateApi(APIView):
 
     @extend_schema(responses={200: paged(OutputSerializer, name="DatasetVersions"), **ERRORS})
     def get(self, request: Request) -> Response:
+        query_read(request=request, serializer=PageQuery)
         paginator = IdCursorPagination()
         page = paginator.paginate_queryset(selectors.dataset_version_list(org=_org(request)), request, view=self)
         return paginator.get_paginated_response(self.OutputSerializer(page, many=True).data)
@@ -186,6 +188,7 @@ class DatasetVersionDetailApi(APIView):
 
     @extend_schema(responses={200: DatasetVersionDetailSerializer, **ERRORS}, parameters=_PAGE_PARAMETERS)
     def get(self, request: Request, org: str, name: str, version: str) -> Response:
+        query_read(request=request, serializer=PageQuery)  # the tasks' page
         dataset_version = services.dataset_version_resolve(org=_org(request), reference=f"{org}/{name}@{version}")
         return Response(dataset_version_body(request, dataset_version))
 

@@ -41,6 +41,7 @@ from apps.accounts.principal import Principal
 from apps.core.errors import ValidationFailed
 from apps.core.pagination import IdCursorPagination
 from apps.core.parsers import JSONParser
+from apps.core.queries import PageQuery, query_read
 from apps.core.serializers import ERRORS, paged
 from apps.profiles.models import ProfileVersion
 from apps.profiles.selectors import (
@@ -130,6 +131,7 @@ class ProfileListApi(APIView):
         operation_id="api_profiles_list", responses={200: paged(OutputSerializer, name="Profiles"), **ERRORS}
     )
     def get(self, request: Request) -> Response:
+        query_read(request=request, serializer=PageQuery)
         paginator = IdCursorPagination()
         page = paginator.paginate_queryset(profile_list(org=_org(request)), request, view=self)
         return paginator.get_paginated_response(self.OutputSerializer(page, many=True).data)
@@ -144,6 +146,7 @@ class VersionListSerializer(serializers.Serializer):
 
 
 def _versions_page(request: Request, view: APIView, name: str) -> tuple[Any, Response]:
+    query_read(request=request, serializer=PageQuery)
     profile = profile_get(org=_org(request), name=name)
     paginator = VersionCursorPagination()
     queryset = profile_version_list(profile=profile).select_related("created_by")

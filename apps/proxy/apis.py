@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 
 from apps.core.fields import IntegerField
 from apps.core.pagination import IdCursorPagination
+from apps.core.queries import QuerySerializer, query_read
 from apps.core.serializers import ERRORS, paged
 from apps.proxy import capture, selectors
 from apps.proxy import serializers as bodies
@@ -80,7 +81,7 @@ class ModelListApi(APIView):
 
 
 class InteractionListApi(APIView):
-    class FilterSerializer(serializers.Serializer):
+    class FilterSerializer(QuerySerializer):
         run = serializers.CharField(required=False)
         trial = serializers.CharField(required=False)
 
@@ -90,12 +91,11 @@ class InteractionListApi(APIView):
         responses={200: paged(bodies.InteractionSerializer, name="Interactions"), **ERRORS},
     )
     def get(self, request: Request) -> Response:
-        filters = self.FilterSerializer(data=request.query_params)
-        filters.is_valid(raise_exception=True)
+        filters = query_read(request=request, serializer=self.FilterSerializer)
         qs = selectors.interaction_list(
             org=request.auth.org,
-            run_id=filters.validated_data.get("run"),
-            trial_id=filters.validated_data.get("trial"),
+            run_id=filters.get("run"),
+            trial_id=filters.get("trial"),
         )
         paginator = IdCursorPagination()
         page = paginator.paginate_queryset(qs, request, view=self)

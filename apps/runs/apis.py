@@ -11,7 +11,7 @@ from typing import Any
 from django.db import close_old_connections
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import renderers, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -19,13 +19,23 @@ from rest_framework.views import APIView
 
 from apps.accounts.permissions import IsWorker
 from apps.accounts.principal import Principal
-from apps.core.fields import IntegerField
+from apps.core.fields import ChoiceListField, IntegerField
 from apps.core.inputs import query_int
 from apps.core.pagination import IdCursorPagination, OldestFirstPagination
+from apps.core.queries import QuerySerializer, query_read
 from apps.core.serializers import ERRORS, ErrorSerializer, paged
 from apps.runs import agreement, leases, selectors, services
 from apps.runs import serializers as bodies
-from apps.runs.models import TERMINAL_STATUSES, Lease, Run, RunEvent
+from apps.runs.models import (
+    TERMINAL_STATUSES,
+    GroupStatus,
+    Lease,
+    Run,
+    RunEvent,
+    RunKind,
+    RunStatus,
+    TrialStatus,
+)
 
 
 def _profile_ref(version: Any) -> dict[str, Any] | None:
@@ -73,9 +83,9 @@ def event_dict(event: RunEvent) -> dict[str, Any]:
 
 
 class RunListCreateApi(APIView):
-    class FilterSerializer(serializers.Serializer):
-        status = serializers.CharField(required=False)
-        kind = serializers.CharField(required=False)
+    class FilterSerializer(QuerySerializer):
+        status = ChoiceListField(choices=RunStatus.choices, required=False)
+        kind = ChoiceListField(choices=RunKind.choices, required=False)
 
     @extend_schema(
         parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER)],
@@ -104,9 +114,8 @@ class RunListCreateApi(APIView):
         responses={200: paged(bodies.RunSerializer, name="Runs"), **ERRORS},
     )
     def get(self, request: Request) -> Response:
-        filters = self.FilterSerializer(data=request.query_params)
-        filters.is_valid(raise_exception=True)
-        qs = selectors.run_list(org=request.auth.org, **filters.validated_data)
+        filters = query_read(request=request, serializer=self.FilterSerializer)
+        qs = selectors.run_list(org=request.auth.org, **filters)
         paginator = IdCursorPagination()
         page = paginator.paginate_queryset(qs, request, view=self)
         return paginator.get_paginated_response([RunOutputSerializer(r).data for r in page])
@@ -154,8 +163,7 @@ class RunAgreementApi(APIView):
         "`threshold`; agreement rate, Cohen's kappa, confusion matrix and the attempts they disagree on.",
     )
     def get(self, request: Request, run_id: str) -> Response:
-        query = bodies.AgreementQuerySerializer(data=request.query_params)
-        query.is_valid(raise_exception=True)
+        query = query_read(request=request, serializer=bodies.AgreementQuerySerializer)
         principal = request.auth
         # IsMember (the default permission) admits only members, who always have an org.
         assert isinstance(principal, Principal) and principal.org is not None
@@ -163,8 +171,8 @@ class RunAgreementApi(APIView):
             agreement.run_agreement(
                 org=principal.org,
                 run_id=run_id,
-                other_id=query.validated_data["with"],
-                threshold=query.validated_data.get("threshold"),
+                other_id=query["with"],
+                threshold=query.get("threshold"),
             )
         )
 
@@ -190,7 +198,8 @@ class RunEventsApi(APIView):
     POLL_SECONDS = 0.25
     KEEPALIVE_SECONDS = 10.0
 
-    class QuerySerializer(serializers.Serializer):
+    class Query(QuerySerializer):
+        paged = False  # pages by `after`, not by cursor
         after = IntegerField(required=False, min_value=0, default=0)
         limit = IntegerField(required=False, min_value=1, max_value=1000, default=200)
         follow = serializers.BooleanField(required=False, default=False)
@@ -198,7 +207,7 @@ class RunEventsApi(APIView):
         timeout = serializers.FloatField(required=False, min_value=1, max_value=3600, default=600)
 
     @extend_schema(
-        parameters=[QuerySerializer],
+        parameters=[Query],
         responses={
             (200, "application/json"): bodies.RunEventsPageSerializer,
             (200, "text/event-stream"): OpenApiResponse(
@@ -210,9 +219,7 @@ class RunEventsApi(APIView):
         },
     )
     def get(self, request: Request, run_id: str) -> Response | StreamingHttpResponse:
-        query = self.QuerySerializer(data=request.query_params)
-        query.is_valid(raise_exception=True)
-        params = query.validated_data
+        params = query_read(request=request, serializer=self.Query)
         after = params["after"]
         last_event_id = request.headers.get("Last-Event-ID")
         if last_event_id:
@@ -435,7 +442,7 @@ def trial_dict(trial: Any) -> dict[str, Any]:
 class RunCollectionApi(APIView):
     """A paged list of one run's records, oldest first, with optional filters."""
 
-    class FilterSerializer(serializers.Serializer):
+    class FilterSerializer(QuerySerializer):
         pass
 
     def rows(self, *, run: Run, filters: dict[str, Any]) -> Any:
@@ -445,26 +452,35 @@ class RunCollectionApi(APIView):
         raise NotImplementedError
 
     def get(self, request: Request, run_id: str) -> Response:
-        filters = self.FilterSerializer(data=request.query_params)
-        filters.is_valid(raise_exception=True)
+        filters = query_read(request=request, serializer=self.FilterSerializer)
         run = selectors.run_get(org=request.auth.org, run_id=run_id)
         paginator = OldestFirstPagination()
-        page = paginator.paginate_queryset(self.rows(run=run, filters=filters.validated_data), request, view=self)
+        page = paginator.paginate_queryset(self.rows(run=run, filters=filters), request, view=self)
         return paginator.get_paginated_response(self.render(list(page), request))
 
 
-@extend_schema_view(get=extend_schema(responses={200: paged(bodies.GroupSerializer, name="SamplingGroups"), **ERRORS}))
 class RunGroupsApi(RunCollectionApi):
+    class FilterSerializer(QuerySerializer):
+        step = IntegerField(required=False, min_value=0, help_text="the training step whose batch made the group")
+        status = ChoiceListField(choices=GroupStatus.choices, required=False)
+
     def rows(self, *, run: Run, filters: dict[str, Any]) -> Any:
-        return selectors.group_list(run=run)
+        return selectors.group_list(run=run, **filters)
+
+    @extend_schema(
+        parameters=[FilterSerializer],
+        responses={200: paged(bodies.GroupSerializer, name="SamplingGroups"), **ERRORS},
+    )
+    def get(self, request: Request, run_id: str) -> Response:
+        return super().get(request, run_id)
 
     def render(self, rows: list[Any], request: Request) -> list[dict[str, Any]]:
         return [group_dict(g) for g in rows]
 
 
 class RunTrialsApi(RunCollectionApi):
-    class FilterSerializer(serializers.Serializer):
-        status = serializers.CharField(required=False)
+    class FilterSerializer(QuerySerializer):
+        status = ChoiceListField(choices=TrialStatus.choices, required=False)
 
     def rows(self, *, run: Run, filters: dict[str, Any]) -> Any:
         return selectors.trial_list(run=run, **filters)
@@ -495,7 +511,7 @@ class TrialDetailApi(APIView):
 class RunArtifactsApi(RunCollectionApi):
     """Artifacts with their digest, size and a time-limited download grant."""
 
-    class FilterSerializer(serializers.Serializer):
+    class FilterSerializer(QuerySerializer):
         trial = serializers.CharField(required=False)
 
     def rows(self, *, run: Run, filters: dict[str, Any]) -> Any:

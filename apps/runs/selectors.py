@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.db.models import QuerySet
@@ -11,14 +12,16 @@ from apps.core.errors import NotFound
 from apps.runs.models import Run, RunEvent
 
 
-def run_list(*, org: Organization, status: str | None = None, kind: str | None = None) -> QuerySet[Run]:
+def run_list(
+    *, org: Organization, status: Sequence[str] | None = None, kind: Sequence[str] | None = None
+) -> QuerySet[Run]:
     qs = Run.objects.filter(org=org).select_related(
         "spec", "spec__actor_version__profile", "spec__judge_version__profile"
     )
     if status:
-        qs = qs.filter(status__in=status.split(","))
+        qs = qs.filter(status__in=status)
     if kind:
-        qs = qs.filter(kind__in=kind.split(","))
+        qs = qs.filter(kind__in=kind)
     return qs
 
 
@@ -34,18 +37,23 @@ def run_events_after(*, run: Run, after: int, limit: int) -> list[RunEvent]:
     return list(RunEvent.objects.filter(run=run, seq__gt=after).order_by("seq")[:limit])
 
 
-def group_list(*, run: Run) -> QuerySet:
+def group_list(*, run: Run, step: int | None = None, status: Sequence[str] | None = None) -> QuerySet:
     from apps.runs.models import SamplingGroup
 
-    return SamplingGroup.objects.filter(run=run).select_related("task_version", "actor__profile")
+    qs = SamplingGroup.objects.filter(run=run).select_related("task_version", "actor__profile")
+    if step is not None:
+        qs = qs.filter(step=step)
+    if status:
+        qs = qs.filter(status__in=status)
+    return qs
 
 
-def trial_list(*, run: Run, status: str | None = None) -> QuerySet:
+def trial_list(*, run: Run, status: Sequence[str] | None = None) -> QuerySet:
     from apps.runs.models import Trial
 
     qs = Trial.objects.filter(run=run).select_related("task_version")
     if status:
-        qs = qs.filter(status__in=status.split(","))
+        qs = qs.filter(status__in=status)
     return qs
 
 

@@ -9,6 +9,7 @@ from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
 from apps.core.fields import IntegerField
+from apps.core.queries import QuerySerializer
 from apps.runs.models import GroupStatus, RunKind, RunStatus, TrialStatus
 
 # --------------------------------------------------------------------------- inputs
@@ -230,7 +231,8 @@ class LeaseOutcomeSerializer(serializers.Serializer):
 
 
 @extend_schema_serializer(component_name="AgreementQuery")
-class AgreementQuerySerializer(serializers.Serializer):
+class AgreementQuerySerializer(QuerySerializer):
+    paged = False
     # "with" is a keyword: the field is declared under another name and renamed below.
     with_ = serializers.CharField(help_text="the other run (B): a regrade of the same source, or the source itself")
     threshold = serializers.FloatField(

@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 
 from apps.accounts.principal import Principal
 from apps.core.pagination import IdCursorPagination
+from apps.core.queries import QuerySerializer, query_read
 from apps.core.serializers import ERRORS, paged
 from apps.runs.apis import RunCollectionApi
 from apps.runs.models import Run
@@ -94,7 +95,7 @@ class RunCheckpointsApi(RunCollectionApi):
 
 
 class CheckpointListApi(APIView):
-    class FilterSerializer(serializers.Serializer):
+    class FilterSerializer(QuerySerializer):
         run = serializers.CharField(required=False)
 
     @extend_schema(
@@ -103,12 +104,11 @@ class CheckpointListApi(APIView):
         description="The organization's checkpoints (optionally one run's), by the step (from 0) whose update saved them.",
     )
     def get(self, request: Request) -> Response:
-        filters = self.FilterSerializer(data=request.query_params)
-        filters.is_valid(raise_exception=True)
+        filters = query_read(request=request, serializer=self.FilterSerializer)
         principal = request.auth
         # IsMember (the default permission) only admits members, who always have an org.
         assert isinstance(principal, Principal) and principal.org is not None
-        qs = selectors.checkpoint_list(org=principal.org, run_id=filters.validated_data.get("run"))
+        qs = selectors.checkpoint_list(org=principal.org, run_id=filters.get("run"))
         paginator = IdCursorPagination()
         page = paginator.paginate_queryset(qs, request, view=self) or []
         return paginator.get_paginated_response([checkpoint_dict(c) for c in page])

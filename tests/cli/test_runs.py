@@ -134,6 +134,11 @@ def test_run_views_list_what_a_new_run_has(synth, dataset, recipe_file):
         assert synth("run", view, run_id).exit_code == 0
         result = synth("run", view, "run_doesnotexist")
         assert result.exit_code == 1 and one_line(result.stderr) == "synth: run run_doesnotexist not found (404)"
+    # A status no record can hold is the server's 400, one line, not an empty list.
+    result = synth("run", "trials", run_id, "--status", "sucess")
+    assert result.exit_code == 1 and one_line(result.stderr).startswith('synth: status: "sucess" is not one of: ')
+    result = synth("run", "list", "--status", "runing")
+    assert result.exit_code == 1 and '"runing" is not one of: accepted, queued' in one_line(result.stderr)
 
 
 def test_regrade_submits_a_judged_rerun_of_retained_work(synth, alice, dataset, recipe_file):
