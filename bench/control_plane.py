@@ -11,6 +11,10 @@ Prints figures; asserts nothing; the last line is one JSON object: {"submissions
 the load average; "submission_floor_per_s", the same server and clients answering GET
 /healthz, the cheapest request there is; "gateway_cpu_ms_per_submission" and
 "floor_cpu_ms_per_request", the gunicorn processes' CPU per request of each of the two;
+"client_cpu_ms_per_submission" and "floor_client_cpu_ms_per_request", this process's, where
+the --clients clients run, of --client's library: "client" names it. On a 2-core machine the
+clients share the CPU with the gateway and the database: httpx, the CLI's own, cost 1.2-1.7 ms
+per request here, aiohttp 0.3-0.6 ms, which the floor feels more than the submissions;
 "bare_commits_per_s", the floor of the appends one per transaction: one process committing
 bare INSERTs as they run, as a lone append commits;
 "event_appends_in_transaction_per_s" with its floor "bare_commits_in_transaction_per_s":
@@ -25,6 +29,7 @@ inspection.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -35,10 +40,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +51,78 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/synth_bench")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/14")
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "synth_project.settings")
+
+# The gunicorn master's and workers' CPU seconds (cpu_seconds): throughput moves with a shared
+# machine's speed within minutes, the CPU a request costs much less, so a change is judged on
+# both. The load's clients are proxy_load's (clients_open), either library.
+from bench.proxy_load import CLIENTS, clients_open, cpu_seconds  # noqa: E402 - needs ROOT on the path
+
+
+@dataclass
+class Phase:
+    """One timed phase of HTTP requests: wall time, each request's latency and status, and
+    the CPU seconds the gunicorn processes and this process (the clients) spent on it."""
+
+    expect: int
+    elapsed: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    codes: list[int] = field(default_factory=list)
+    server_cpu: float = 0.0
+    client_cpu: float = 0.0
+
+
+async def http_phases(
+    *,
+    kind: str,
+    base: str,
+    headers: dict[str, str],
+    clients: int,
+    n: int,
+    body: dict[str, Any],
+    stamp: str,
+    server_pid: int,
+) -> dict[str, Phase]:
+    """``n`` run submissions from ``clients`` concurrent keep-alive clients, then the floor: as
+    many GET /healthz, the cheapest request there is, from the same clients right after. A
+    warm-up first, not timed: every client's connection and the server threads it reaches
+    (each with its database connection) set up, as in steady state."""
+
+    async def submit(client: Any, i: int) -> int:
+        request = {"json": body, "headers": {**headers, "Idempotency-Key": f"{stamp}-{i}"}}
+        if kind == "aiohttp":
+            async with client.post("/api/runs", **request) as resp:
+                await resp.read()
+                return resp.status
+        return (await client.post("/api/runs", **request)).status_code
+
+    async def health(client: Any, _: int) -> int:
+        if kind == "aiohttp":
+            async with client.get("/healthz") as resp:
+                await resp.read()
+                return resp.status
+        return (await client.get("/healthz")).status_code
+
+    async def run(pool: list[Any], phase: Phase, request: Any, numbers: range) -> None:
+        queue = iter(numbers)
+
+        async def one_client(client: Any) -> None:
+            for i in queue:  # the clients share one iterator: each request is sent once
+                t0 = time.perf_counter()
+                phase.codes.append(await request(client, i))
+                phase.latencies.append(time.perf_counter() - t0)
+
+        server0, client0, t0 = cpu_seconds(server_pid), time.process_time(), time.perf_counter()
+        await asyncio.gather(*(one_client(c) for c in pool))
+        phase.elapsed = time.perf_counter() - t0
+        phase.server_cpu, phase.client_cpu = cpu_seconds(server_pid) - server0, time.process_time() - client0
+
+    async with contextlib.AsyncExitStack() as stack:
+        pool = await clients_open(stack, kind=kind, base=base, n=clients, timeout=60)
+        await run(pool, Phase(expect=201), submit, range(-clients * 4, 0))
+        phases = {"submit": Phase(expect=201), "floor": Phase(expect=200)}
+        await run(pool, phases["submit"], submit, range(n))
+        await run(pool, phases["floor"], health, range(n))
+    return phases
 
 
 def ensure_database(url: str) -> None:
@@ -100,6 +176,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--submissions", type=int, default=400)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument(
+        "--client",
+        choices=CLIENTS,
+        default="httpx",
+        help="the submitters' HTTP client, for the floor alike (httpx: the CLI's and the SDKs' own)",
+    )
     parser.add_argument("--events", type=int, default=5000)
     parser.add_argument("--burst", type=int, default=50, help="events per batched append")
     parser.add_argument("--writers", type=int, default=8, help="processes appending at once")
@@ -124,7 +206,6 @@ def main() -> None:
 
     # The gunicorn master's and workers' CPU seconds: throughput moves with a shared machine's
     # speed within minutes, the CPU a request costs much less, so a change is judged on both.
-    from bench.proxy_load import cpu_seconds
     from tests.factories import make_dataset_version, make_profile_version
 
     stamp = str(int(time.time()))
@@ -172,61 +253,43 @@ def main() -> None:
             except httpx.HTTPError:
                 time.sleep(0.1)
         headers = {"Authorization": f"Bearer {secret}"}
-        latencies: list[float] = []
-        figures: dict[str, float | None] = {}
+        figures: dict[str, Any] = {}
 
-        local = threading.local()
-
-        def thread_client() -> httpx.Client:
-            # One keep-alive client per thread: the figure is the server's, not TCP set-up's.
-            if not hasattr(local, "client"):
-                local.client = httpx.Client(base_url=base, headers=headers, timeout=60)
-            return local.client
-
-        def submit(i: int) -> int:
-            t0 = time.perf_counter()
-            resp = thread_client().post("/api/runs", json=body, headers={"Idempotency-Key": f"{stamp}-{i}"})
-            latencies.append(time.perf_counter() - t0)
-            return resp.status_code
-
-        with ThreadPoolExecutor(args.clients) as pool:
-            # Warm-up, not timed: every client's connection and the server threads it
-            # reaches (each with its database connection) set up, as they are in steady
-            # state and for the floor measured after.
-            list(pool.map(submit, range(-args.clients * 4, 0)))
-            latencies.clear()
-            cpu0 = cpu_seconds(server.pid)
-            t0 = time.perf_counter()
-            codes = list(pool.map(submit, range(args.submissions)))
-        elapsed = time.perf_counter() - t0
-        cpu_submission = (cpu_seconds(server.pid) - cpu0) / args.submissions
-        assert all(c == 201 for c in codes), set(codes)
-        lat = sorted(latencies)
-        figures["submissions_per_s"] = round(args.submissions / elapsed, 1)
-        figures["gateway_cpu_ms_per_submission"] = round(cpu_submission * 1000, 2)
-        print(
-            f"run submissions (HTTP, {args.clients} clients, gunicorn 2x8): "
-            f"{args.submissions / elapsed:,.0f} runs/s; latency p50 {statistics.median(lat) * 1000:.1f} ms, "
-            f"p99 {lat[int(len(lat) * 0.99) - 1] * 1000:.1f} ms; the gateway's CPU {cpu_submission * 1000:.2f} ms per run"
+        phases = asyncio.run(
+            http_phases(
+                kind=args.client,
+                base=base,
+                headers=headers,
+                clients=args.clients,
+                n=args.submissions,
+                body=body,
+                stamp=stamp,
+                server_pid=server.pid,
+            )
         )
-
-        # The floor: the same server and clients answering the cheapest request there is
-        # (GET /healthz: no authentication, one SELECT 1), as many times, right after.
-        def health(_: int) -> int:
-            return thread_client().get("/healthz").status_code
-
-        cpu0 = cpu_seconds(server.pid)
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(args.clients) as pool:
-            codes = list(pool.map(health, range(args.submissions)))
-        elapsed = time.perf_counter() - t0
-        cpu_health = (cpu_seconds(server.pid) - cpu0) / args.submissions
-        assert all(c == 200 for c in codes), set(codes)
-        figures["submission_floor_per_s"] = round(args.submissions / elapsed, 1)
-        figures["floor_cpu_ms_per_request"] = round(cpu_health * 1000, 2)
+        for name, phase in phases.items():
+            assert all(c == phase.expect for c in phase.codes), (name, set(phase.codes))
+        submitted, floor = phases["submit"], phases["floor"]
+        lat = sorted(submitted.latencies)
+        figures["client"] = args.client
+        figures["submissions_per_s"] = round(args.submissions / submitted.elapsed, 1)
+        figures["gateway_cpu_ms_per_submission"] = round(submitted.server_cpu / args.submissions * 1000, 2)
+        figures["client_cpu_ms_per_submission"] = round(submitted.client_cpu / args.submissions * 1000, 2)
+        print(
+            f"run submissions (HTTP, {args.clients} {args.client} clients, gunicorn 2x8): "
+            f"{args.submissions / submitted.elapsed:,.0f} runs/s; latency p50 {statistics.median(lat) * 1000:.1f} ms, "
+            f"p99 {lat[int(len(lat) * 0.99) - 1] * 1000:.1f} ms; CPU per run: the gateway's "
+            f"{submitted.server_cpu / args.submissions * 1000:.2f} ms, the clients' "
+            f"{submitted.client_cpu / args.submissions * 1000:.2f} ms"
+        )
+        figures["submission_floor_per_s"] = round(args.submissions / floor.elapsed, 1)
+        figures["floor_cpu_ms_per_request"] = round(floor.server_cpu / args.submissions * 1000, 2)
+        figures["floor_client_cpu_ms_per_request"] = round(floor.client_cpu / args.submissions * 1000, 2)
         print(
             f"the floor, GET /healthz (no authentication, SELECT 1) on the same server and clients: "
-            f"{args.submissions / elapsed:,.0f} requests/s; the gateway's CPU {cpu_health * 1000:.2f} ms per request"
+            f"{args.submissions / floor.elapsed:,.0f} requests/s; CPU per request: the gateway's "
+            f"{floor.server_cpu / args.submissions * 1000:.2f} ms, the clients' "
+            f"{floor.client_cpu / args.submissions * 1000:.2f} ms"
         )
 
         # One event per transaction. An event that records no other write is its own

@@ -93,6 +93,35 @@ def test_proxy_load_prints_figures(client: str) -> None:
     assert isinstance(figures["warm_long_added_ms"], float), out
 
 
+@pytest.mark.parametrize("client", ["httpx", "aiohttp"])
+def test_control_plane_prints_figures(client: str) -> None:
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith("postgres"):
+        pytest.skip("control_plane needs PostgreSQL (DATABASE_URL)")
+    import redis
+
+    # A Redis database of its own: the gateway's schedule messages wait there unconsumed.
+    broker = "redis://127.0.0.1:6379/10"
+    try:
+        out = run_bench(
+            "control_plane.py",
+            *("--submissions", "40", "--events", "40", "--writers", "2", "--client", client),
+            *("--push-tasks", "0", "--cancel-trials", "0"),
+            env={"DATABASE_URL": url.rsplit("/", 1)[0] + "/synth_bench_control", "CELERY_BROKER_URL": broker},
+        )
+    finally:
+        redis.Redis.from_url(broker).flushdb()
+    assert f"8 {client} clients, gunicorn 2x8" in out and "the floor, GET /healthz" in out, out
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert figures["client"] == client, out
+    # Both phases were measured, the gateway's CPU and the clients' alike.
+    for key in ("submissions_per_s", "submission_floor_per_s", "event_appends_per_s", "event_appends_batched_per_s"):
+        assert figures[key] > 0, (key, out)
+    for key in ("gateway_cpu_ms_per_submission", "client_cpu_ms_per_submission", "floor_client_cpu_ms_per_request"):
+        assert figures[key] > 0, (key, out)
+    assert figures["push_10k_s"] is None and figures["cancel_10k_s"] is None, out
+
+
 def test_training_bench_prints_figures() -> None:
     out = run_bench(
         "training.py",
