@@ -34,6 +34,7 @@ if (
 # (tests/proxy/test_lookups.py, tests/accounts/test_cached_lookups.py).
 os.environ.setdefault("SYNTH_PROXY_LOOKUP_CHECK_SECONDS", "0")
 os.environ.setdefault("SYNTH_API_LOOKUP_CHECK_SECONDS", "0")
+os.environ.setdefault("SYNTH_API_PIN_CHECK_SECONDS", "0")
 os.environ.setdefault("SYNTH_WORKER_LOOKUP_CHECK_SECONDS", "0")
 os.environ.setdefault("SYNTH_VAR_DIR", tempfile.mkdtemp(prefix="synth-test-var-"))
 

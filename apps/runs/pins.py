@@ -3,8 +3,12 @@
 A submission names a dataset version (ORG/NAME@VERSION) and a profile version; both are
 immutable once written, and reading them (with their organization, dataset or profile,
 and the dataset's local-sandbox verdict) was a third of a submission's time. Served from
-here while the read is at most SYNTH_API_LOOKUP_CHECK_SECONDS old (synth_common.fresh_cache),
+here while the read is at most SYNTH_API_PIN_CHECK_SECONDS old (synth_common.fresh_cache),
 a burst of submissions of one campaign reads them about once per interval per process.
+Nothing in them changes, so the interval need not be short; a dataset reference is looked
+up under its organization's slug as the caller was authenticated (fresh within
+SYNTH_API_LOOKUP_CHECK_SECONDS), so a renamed organization's old references stop resolving
+with it, not a pin interval later.
 
 Immutable is not always undeletable: PostgreSQL refuses a published version's DELETE
 (apps.core.immutability) but not a deliberate purge's TRUNCATE, and SQLite refuses only
@@ -31,10 +35,10 @@ PIN_ENTRIES = 1024
 
 
 def _check_seconds() -> float:
-    return settings.SYNTH_API_LOOKUP_CHECK_SECONDS
+    return settings.SYNTH_API_PIN_CHECK_SECONDS
 
 
-_datasets: FreshCache[tuple[str, str, bool], DatasetVersion] = FreshCache(
+_datasets: FreshCache[tuple[str, str, str, bool], DatasetVersion] = FreshCache(
     maxsize=PIN_ENTRIES, check_seconds=_check_seconds
 )
 _profiles: FreshCache[tuple[str, str, int], tuple[ProfileVersion, dict[str, Any]]] = FreshCache(
@@ -47,7 +51,7 @@ def dataset_version_pinned(
 ) -> DatasetVersion:
     """dataset_version_resolve, from the cache when ``cached`` and fresh."""
     found = _datasets.read_through(
-        (org.pk, reference, with_local_support),
+        (org.pk, org.slug, reference, with_local_support),
         read=lambda: dataset_version_resolve(org=org, reference=reference, with_local_support=with_local_support),
         cached=cached,
     )

@@ -23,7 +23,7 @@ from tests.factories import NOOP_RECIPE, make_profile_version
 
 @pytest.fixture
 def cached(settings):
-    settings.SYNTH_API_LOOKUP_CHECK_SECONDS = 60  # fresh for the whole test
+    settings.SYNTH_API_PIN_CHECK_SECONDS = 60  # fresh for the whole test
     pins_forget()
     yield
     pins_forget()
@@ -84,3 +84,18 @@ def test_a_cached_version_deleted_since_answers_not_found(cached, alice, inputs)
     assert reply.status_code == 404, reply.content
     assert "not found" in reply.json()["error"]["message"]
     assert not Run.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_renamed_organization_s_old_reference_stops_resolving_at_once(cached, alice, inputs):
+    # The pins are kept for a minute; who the caller is (and its organization's slug) is read
+    # on every request in these tests, as it is within SYNTH_API_LOOKUP_CHECK_SECONDS.
+    from apps.accounts.models import Organization
+
+    body = inputs["body"]
+    assert submit(alice, body, "k1").status_code == 201
+    Organization.objects.filter(pk=alice.org.pk).update(slug="renamed")
+    old = submit(alice, body, "k2")
+    assert old.status_code == 404, old.content
+    renamed = {**body, "dataset": body["dataset"].replace(f"{alice.org.slug}/", "renamed/", 1)}
+    assert submit(alice, renamed, "k3").status_code == 201
