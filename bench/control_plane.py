@@ -203,9 +203,6 @@ def main() -> None:
     from apps.accounts.services import membership_set, org_get_or_create, token_issue
     from apps.runs.models import Run
     from apps.runs.services import events_append
-
-    # The gunicorn master's and workers' CPU seconds: throughput moves with a shared machine's
-    # speed within minutes, the CPU a request costs much less, so a change is judged on both.
     from tests.factories import make_dataset_version, make_profile_version
 
     stamp = str(int(time.time()))
