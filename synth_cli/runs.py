@@ -363,14 +363,20 @@ def list_command(
 
 
 @run_app.command("cancel")
-def cancel_command(run_id: Annotated[str, typer.Argument(metavar="RUN_ID")], json_output: JsonOpt = False) -> None:
+def cancel_command(
+    run_id: Annotated[str, typer.Argument(metavar="RUN_ID")],
+    reason: Annotated[
+        str | None, typer.Option("--reason", "-r", help="Why; recorded in the run's cancel event.")
+    ] = None,
+    json_output: JsonOpt = False,
+) -> None:
     """Cancel a run (running attempts stop; a finished run is left as it is).
 
     --json prints the server's run object after the request.
     """
     ui = Ui(json_mode=json_output)
     with api_open() as api, ui.status(f"Cancelling {run_id}..."):
-        run = api.post(run_path(run_id, "cancel"))
+        run = api.post(run_path(run_id, "cancel"), json={"reason": reason} if reason is not None else None)
     if json_output:
         ui.emit_json(run)
     else:

@@ -148,9 +148,11 @@ class RunRegradeApi(APIView):
 
 
 class RunCancelApi(APIView):
-    @extend_schema(request=None, responses={200: bodies.RunSerializer, **ERRORS})
+    @extend_schema(request=bodies.RunCancelInputSerializer, responses={200: bodies.RunSerializer, **ERRORS})
     def post(self, request: Request, run_id: str) -> Response:
-        services.run_cancel(org=request.auth.org, run_id=run_id)
+        body = bodies.RunCancelInputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        services.run_cancel(org=request.auth.org, run_id=run_id, **body.validated_data)
         return Response(RunOutputSerializer(selectors.run_get(org=request.auth.org, run_id=run_id)).data)
 
 

@@ -5,6 +5,9 @@ tests/test_schema.py checks real answers against them, so the two cannot drift a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
@@ -43,6 +46,23 @@ class RunSubmitInputSerializer(serializers.Serializer):
 class RunRegradeInputSerializer(serializers.Serializer):
     judge = ProfileRefInputSerializer()
     plan = serializers.JSONField(required=False, help_text="the regrade plan; source_run is the run regraded")
+
+
+@extend_schema_serializer(component_name="RunCancelInput")
+class RunCancelInputSerializer(serializers.Serializer):
+    """An optional body: why, recorded in the cancel's event. Any other field is refused
+    rather than dropped, so nothing sent with a cancel is silently lost."""
+
+    reason = serializers.CharField(
+        required=False,
+        max_length=500,
+        help_text='recorded in the run\'s cancel event (default "cancelled by operator")',
+    )
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, Mapping) and (unknown := sorted(set(data) - set(self.fields))):
+            raise serializers.ValidationError({unknown[0]: [f"unknown field; a cancel takes {', '.join(self.fields)}"]})
+        return super().to_internal_value(data)
 
 
 # --------------------------------------------------------------------------- outputs

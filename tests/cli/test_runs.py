@@ -60,11 +60,16 @@ def test_start_is_idempotent_and_runs_can_be_shown_listed_and_cancelled(synth, d
 
     cancelled = synth.json("run", "cancel", run_id)
     assert cancelled["status"] == "cancelled"
-    assert one_line(synth("run", "cancel", other_id).stdout) == f"{other_id}: cancelled"
+    assert one_line(synth("run", "cancel", other_id, "--reason", "wrong kind").stdout) == f"{other_id}: cancelled"
     assert [r["id"] for r in synth.json("run", "list", "--status", "cancelled")] == [other_id, run_id]
 
     events = synth("run", "events", run_id, "--json")
     assert [json.loads(line)["type"] for line in events.stdout.splitlines()] == ["run.created", "run.cancelled"]
+    reasons = {
+        rid: json.loads(synth("run", "events", rid, "--json").stdout.splitlines()[-1])["data"]["reason"]
+        for rid in (run_id, other_id)
+    }
+    assert reasons == {run_id: "cancelled by operator", other_id: "wrong kind"}
 
 
 @pytest.mark.slow

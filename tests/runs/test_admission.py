@@ -199,6 +199,19 @@ def test_list_filters_and_pages(alice, inputs):
     assert alice.client.get("/api/runs?status=succeeded").json()["results"] == []
 
 
+def test_a_cancel_records_its_reason_and_refuses_what_it_does_not_take(alice, inputs):
+    run_id = submit(alice, inputs["body"]).json()["id"]
+    cancel = f"/api/runs/{run_id}/cancel"
+    for body, field in (({"reason": "x", "force": True}, "force"), ({"reason": "x" * 501}, "reason")):
+        resp = alice.client.post(cancel, json.dumps(body), content_type="application/json")
+        assert resp.status_code == 400 and resp.json()["error"]["field"] == field, resp.content
+    assert alice.client.get(f"/api/runs/{run_id}").json()["status"] != "cancelled"  # nothing done
+    resp = alice.client.post(cancel, json.dumps({"reason": "wrong dataset"}), content_type="application/json")
+    assert resp.status_code == 200 and resp.json()["status"] == "cancelled"
+    event = RunEvent.objects.filter(run_id=run_id).order_by("-seq").first()
+    assert (event.type, event.data["reason"]) == ("run.cancelled", "wrong dataset")
+
+
 def test_cancel_of_a_queued_run_ends_it(alice, inputs):
     run_id = submit(alice, inputs["body"]).json()["id"]
     resp = alice.client.post(f"/api/runs/{run_id}/cancel")
