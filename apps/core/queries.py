@@ -3,35 +3,35 @@
 A misspelt filter (``?stauts=failed``) used to answer an unfiltered page and a value no
 record can hold (``?status=runing``) an empty one, both 200: a caller could not tell a typo
 from "nothing matches". Each view that reads its query string now reads it through a
-``QuerySerializer``, which refuses any other name with a 400 that names it and lists the
-ones the endpoint takes (as Stripe's API refuses an unknown parameter).
+``QuerySerializer`` (apps.core.serializers.ClosedSerializer), which refuses any other name
+with a 400 that names it and lists the ones the endpoint takes (as Stripe's API refuses an
+unknown parameter).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
+
+from apps.core.serializers import ClosedSerializer
 
 PAGING = ("cursor", "limit")  # the cursor paginators' own parameters (apps.core.pagination)
 
 
-class QuerySerializer(serializers.Serializer):
+class QuerySerializer(ClosedSerializer):
     """A view's query parameters: its fields, plus the paging ones unless ``paged`` is False.
     DRF's format override (``?format=``) is always allowed, as DRF reads it itself."""
 
+    what = "query parameter"
     paged: ClassVar[bool] = True
 
-    def to_internal_value(self, data: Mapping[str, Any]) -> Any:
-        declared = {*self.fields, *(PAGING if self.paged else ())}
-        unknown = sorted(name for name in data if name not in declared and name != api_settings.URL_FORMAT_OVERRIDE)
-        if unknown:
-            takes = ", ".join(sorted(declared)) or "no parameters"
-            raise serializers.ValidationError({unknown[0]: [f"unknown query parameter; this endpoint takes {takes}"]})
-        return super().to_internal_value(data)
+    def extra_names(self) -> tuple[str, ...]:
+        return PAGING if self.paged else ()
+
+    def ignored(self, name: str) -> bool:
+        return name == api_settings.URL_FORMAT_OVERRIDE
 
 
 class PageQuery(QuerySerializer):

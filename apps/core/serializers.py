@@ -1,11 +1,13 @@
-"""Serializers that document shapes every app shares: the error body and a cursor page.
-
-They describe what the views already write (apps.core.errors.error_body, the paginators'
-``{"next", "previous", "results"}``), so drf-spectacular can name them in the schema."""
+"""Serializers every app shares: the error body and a cursor page, which describe what the
+views already write (apps.core.errors.error_body, the paginators' ``{"next", "previous",
+"results"}``) so that drf-spectacular can name them in the schema; and ClosedSerializer, the
+base of inputs that take only the names they declare."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cache
+from typing import Any, ClassVar
 
 from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
@@ -27,6 +29,31 @@ class ErrorSerializer(serializers.Serializer):
         ref_name = "Error"
 
     error = ErrorDetailSerializer()
+
+
+class ClosedSerializer(serializers.Serializer):
+    """An input that holds only its declared fields (and ``extra_names``): any other name is
+    a 400 that names it and lists what the endpoint takes, never silently dropped (a misspelt
+    filter would answer an unfiltered page, a cancel's unread field would be lost)."""
+
+    what: ClassVar[str] = "field"
+
+    def extra_names(self) -> tuple[str, ...]:
+        """Names taken besides the fields (read elsewhere, e.g. by a paginator)."""
+        return ()
+
+    def ignored(self, name: str) -> bool:
+        """Names accepted without being listed (read by the framework itself)."""
+        return False
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            takes = {*self.fields, *self.extra_names()}
+            unknown = sorted(name for name in data if name not in takes and not self.ignored(name))
+            if unknown:
+                listed = ", ".join(sorted(takes)) or "nothing"
+                raise serializers.ValidationError({unknown[0]: [f"unknown {self.what}; this endpoint takes {listed}"]})
+        return super().to_internal_value(data)
 
 
 # The answers every endpoint may give besides its own: bad input, no or a bad token, a role

@@ -5,14 +5,12 @@ tests/test_schema.py checks real answers against them, so the two cannot drift a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
 from apps.core.fields import IntegerField
 from apps.core.queries import QuerySerializer
+from apps.core.serializers import ClosedSerializer
 from apps.runs.models import GroupStatus, RunKind, RunStatus, TrialStatus
 
 # --------------------------------------------------------------------------- inputs
@@ -49,7 +47,7 @@ class RunRegradeInputSerializer(serializers.Serializer):
 
 
 @extend_schema_serializer(component_name="RunCancelInput")
-class RunCancelInputSerializer(serializers.Serializer):
+class RunCancelInputSerializer(ClosedSerializer):
     """An optional body: why, recorded in the cancel's event. Any other field is refused
     rather than dropped, so nothing sent with a cancel is silently lost."""
 
@@ -58,11 +56,6 @@ class RunCancelInputSerializer(serializers.Serializer):
         max_length=500,
         help_text='recorded in the run\'s cancel event (default "cancelled by operator")',
     )
-
-    def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, Mapping) and (unknown := sorted(set(data) - set(self.fields))):
-            raise serializers.ValidationError({unknown[0]: [f"unknown field; a cancel takes {', '.join(self.fields)}"]})
-        return super().to_internal_value(data)
 
 
 # --------------------------------------------------------------------------- outputs
