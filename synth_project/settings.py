@@ -287,6 +287,9 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
 # ------------------------------------------------------------------------------
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or "filesystem://"
 if CELERY_BROKER_URL.startswith("filesystem://"):
+    # kombu's filesystem transport, with each message renamed into place once written: a
+    # worker's poll could otherwise read one half-written and stop (synth_project.fs_broker).
+    CELERY_BROKER_TRANSPORT = "synth_project.fs_broker:Transport"
     _broker_dir = VAR_DIR / "broker"
     for sub in ("out", "processed", "control"):
         (_broker_dir / sub).mkdir(parents=True, exist_ok=True)
