@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+from os import replace
 from time import monotonic
 from typing import Any
 
@@ -35,7 +36,7 @@ class Channel(filesystem.Channel):
         try:
             with open(partial, "wb") as f:
                 f.write(str_to_bytes(dumps(payload)))
-            os.replace(partial, os.path.join(self.data_folder_out, name))
+            replace(partial, os.path.join(self.data_folder_out, name))
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.remove(partial)
